@@ -1,0 +1,81 @@
+r"""A small byte-level LM on the embedded Shakespeare corpus; every experiment starts from it.
+
+  python -m scale_ablation.main --config=experiments/base.py --workdir=runs/base
+  python -m scale_ablation.main --config=experiments/base.py:quick --workdir=runs/base_quick \
+      --config.policy=none --config.model.head_dim=256
+
+Variants: default (learns visibly in a couple of minutes on a 2-core CPU), `quick` (tests and
+smoke checks: seconds), `gpu` (one accelerator).
+"""
+
+import ml_collections
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.policy = "inv_sqrt_dk"  # scale policy spec, see `scale_ablation.policies.available()`
+    config.layer_policies = ""  # optional per-layer specs, comma-separated; overrides `policy`
+
+    config.model = model = ml_collections.ConfigDict()
+    model.d_model = 128
+    model.num_layers = 2
+    model.num_heads = 4
+    model.head_dim = 32  # d_k, independent of d_model
+    model.mlp_ratio = 4
+    model.norm = "layernorm"  # layernorm | rmsnorm
+    model.norm_position = "pre"  # pre | post (post is the article's pitfall 2 placement)
+    model.positions = "learned"  # learned | rotary
+    model.max_seq_len = 1024  # learned position table size; data.seq_len may not exceed it
+    model.init_gain = 1.0  # Xavier gain of the q/k projections (the article's pitfall 1)
+    model.logits_dtype = "float32"  # float32 | activation (keep bf16/fp16 logits: pitfall 3)
+    model.attention_dropout = 0.0
+    model.attention_impl = "reference"  # reference | fused (jax.nn.dot_product_attention)
+
+    config.data = data = ml_collections.ConfigDict()
+    data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME
+    data.seq_len = 128
+    data.val_batches = 4
+    data.mqar_num_pairs = 8  # key/value pairs per MQAR sequence
+    data.mqar_vocab_size = 64  # MQAR symbols drawn from this many byte values
+
+    config.train = train = ml_collections.ConfigDict()
+    train.steps = 600
+    train.batch_size = 16
+    train.lr = 3e-3
+    train.warmup_steps = 50  # 0 disables warmup
+    train.grad_clip = 1.0  # global-norm clip; 0 disables clipping
+    train.weight_decay = 0.1
+    train.z_loss = 0.0
+    train.seed = 0
+    train.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16 (params stay float32)
+    train.log_every = 50
+    train.eval_every = 200
+    train.diag_every = 100  # 0 disables attention diagnostics
+
+    config.checkpoint = checkpoint = ml_collections.ConfigDict()
+    checkpoint.every = 200
+    checkpoint.keep = 2
+
+    config.wandb = wandb = ml_collections.ConfigDict()
+    wandb.mode = "auto"  # auto | online | offline | disabled
+    wandb.project = "scale_ablation"
+    wandb.entity = ""
+    wandb.group = ""
+    wandb.job_type = "train"
+    wandb.tags = ()
+
+    if arg == "quick":
+        model.d_model, model.num_layers, model.num_heads, model.head_dim = 64, 2, 2, 32
+        data.seq_len, data.val_batches = 64, 2
+        train.steps, train.batch_size, train.warmup_steps = 60, 8, 10
+        train.log_every, train.eval_every, train.diag_every = 10, 30, 30
+        checkpoint.every = 30
+    elif arg == "gpu":
+        model.d_model, model.num_layers, model.num_heads, model.head_dim = 512, 8, 8, 64
+        model.attention_impl = "fused"
+        data.seq_len = 512
+        train.steps, train.batch_size, train.dtype = 5000, 64, "bfloat16"
+        train.eval_every, train.diag_every, checkpoint.every = 500, 250, 1000
+    elif arg:
+        raise ValueError(f"experiments/base.py: unknown variant {arg!r} (quick, gpu)")
+    return config

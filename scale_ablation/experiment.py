@@ -1,0 +1,82 @@
+"""Experiment files: `get_config(arg)` and `sweep(arg)`, big_vision style.
+
+An experiment is a Python file in experiments/ addressed as `path.py[:arg]`. `get_config(arg)`
+returns an `ml_collections.ConfigDict`; `sweep(arg)` (optional) returns the grid as a list of
+override dicts with dotted keys, e.g. `{"policy": "none", "model.head_dim": 64, "train.seed": 0}`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import types
+from typing import Any
+
+import ml_collections
+
+Overrides = dict[str, Any]
+
+
+def load_module(spec: str) -> tuple[types.ModuleType, str | None]:
+    """Import the experiment file of `path.py[:arg]`; return the module and the arg."""
+    path, _, arg = spec.partition(":")
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ValueError(f"experiment file not found: {path}")
+    module_spec = importlib.util.spec_from_file_location(f"experiment_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ValueError(f"experiment file {path} defines no get_config(arg)")
+    return module, (arg or None)
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+    module, arg = load_module(spec)
+    return module.get_config(arg)
+
+
+def load_grid(spec: str) -> list[Overrides]:
+    """The experiment's grid points; a file without `sweep` is a grid of one empty point."""
+    module, arg = load_module(spec)
+    if not hasattr(module, "sweep"):
+        return [{}]
+    return list(module.sweep(arg))
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Overrides):
+    """A copy of `config` with dotted-key overrides applied; unknown keys raise ValueError."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    for key, value in overrides.items():
+        *parents, leaf = key.split(".")
+        node = config
+        for part in parents:
+            if part not in node:
+                raise ValueError(f"override {key!r}: config has no field {part!r}")
+            node = node[part]
+        if leaf not in node:
+            raise ValueError(f"override {key!r}: config has no field {leaf!r}")
+        node[leaf] = value
+    return config
+
+
+def override_flags(overrides: Overrides) -> list[str]:
+    """Command-line flags that reproduce `overrides` with ml_collections.config_flags."""
+    return [f"--config.{key}={_flag_value(value)}" for key, value in overrides.items()]
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_flag_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    return str(value)
+
+
+def run_name(overrides: Overrides) -> str:
+    """A readable, stable directory name for a grid point: `policy=none,head_dim=64,seed=0`."""
+    if not overrides:
+        return "run"
+    parts = []
+    for key, value in overrides.items():
+        text = str(value).replace("/", "_").replace(" ", "")
+        parts.append(f"{key.split('.')[-1]}={text}")
+    return ",".join(parts)
