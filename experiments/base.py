@@ -51,6 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.log_every = 50
     train.eval_every = 200
     train.diag_every = 100  # 0 disables attention diagnostics
+    train.compilation_cache = True  # persistent XLA cache beside the workdir
 
     config.checkpoint = checkpoint = ml_collections.ConfigDict()
     checkpoint.every = 200

@@ -139,6 +139,12 @@ def attend(
             scale = query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=num_heads,
                                 head_dim=head_dim, causal=causal, base_scale=base_scale)
             q_scaled = (q.astype(jnp.float32) * scale[None, :, :, None]).astype(q.dtype)
+            if causal and q_len != k_len:
+                # jax's is_causal aligns query 0 with key 0; ours puts the last query on the last
+                # key (`causal_mask`), so pass the mask itself, on the XLA path.
+                return jax.nn.dot_product_attention(
+                    q_scaled, k, v, scale=1.0, mask=causal_mask(q_len, k_len)[None, None]
+                )
             return jax.nn.dot_product_attention(
                 q_scaled, k, v, scale=1.0, is_causal=causal,
                 implementation=fused_implementation(q.dtype, head_dim),

