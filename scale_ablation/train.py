@@ -7,6 +7,7 @@ vmaps. `rest` holds non-trained state such as each layer's `ScaleValue`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -212,10 +213,9 @@ class _PreemptionFlag:
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            # Outside the main thread signals cannot be caught: leave them to the caller.
+            with contextlib.suppress(ValueError):
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: leave signals to the caller
-                pass
         return self
 
     def _handle(self, signum, frame):
@@ -352,16 +352,16 @@ def _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker, ba
                 return finish("diverged", step, diverged_at_step=done)
             last["train/loss"] = float(metrics["train/loss"])
             row = {}
-            if t.log_every and done % t.log_every == 0 or done == t.steps:
+            if _due(t.log_every, done, t.steps):
                 row.update(_floats(metrics))
                 row["train/bpb"] = row["train/loss"] / math.log(2)
                 row["train/lr"] = float(t.lr * schedule(step))
                 row["perf/step_seconds"] = step_seconds
                 if timed_seconds:
                     row["perf/tokens_per_second"] = tokens_per_step * timed_steps / timed_seconds
-            if t.eval_every and done % t.eval_every == 0 or done == t.steps:
+            if _due(t.eval_every, done, t.steps):
                 row.update(evaluate(done))
-            if t.diag_every and done % t.diag_every == 0 or (t.diag_every and done == t.steps):
+            if _due(t.diag_every, done, t.steps):
                 row.update(_floats(jax.device_get(diagnostics_step(state, val_batches[0]))))
             if row:
                 tracker.log(done, row)
@@ -371,6 +371,11 @@ def _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker, ba
                 checkpoints.save(done, state)
     checkpoints.save(t.steps, state)
     return finish("completed", t.steps)
+
+
+def _due(every: int, done: int, total: int) -> bool:
+    """Every `every` steps and at the last step; never when `every` is 0."""
+    return bool(every) and (done % every == 0 or done == total)
 
 
 def _floats(metrics: dict) -> dict[str, float]:
