@@ -359,7 +359,7 @@ def _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker, ba
                 row["perf/step_seconds"] = step_seconds
                 if timed_seconds:
                     row["perf/tokens_per_second"] = tokens_per_step * timed_steps / timed_seconds
-            if _due(t.eval_every, done, t.steps):
+            if _due(t.eval_every, done, t.steps) or done == t.steps:  # summaries need a final eval
                 row.update(evaluate(done))
             if _due(t.diag_every, done, t.steps):
                 row.update(_floats(jax.device_get(diagnostics_step(state, val_batches[0]))))
