@@ -14,7 +14,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scale_ablation import distributed
+from scale_ablation import distributed, experiment
 from scale_ablation.train import ConfigError, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
@@ -50,6 +50,11 @@ def main(argv: list[str]) -> int:
     if config.train.get("compilation_cache", True):
         enable_compilation_cache(_WORKDIR.value)
     try:
+        # Probes (no training) define `run(config, workdir)` in their experiment file.
+        module, _ = experiment.load_module(flags.FLAGS["config"].config_filename)
+        if hasattr(module, "run"):
+            module.run(config, _WORKDIR.value)
+            return 0
         summary = train(config, _WORKDIR.value)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
