@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 import types
 from typing import Any
 
@@ -23,6 +24,11 @@ def load_module(spec: str) -> tuple[types.ModuleType, str | None]:
     file = pathlib.Path(path)
     if not file.is_file():
         raise ValueError(f"experiment file not found: {path}")
+    # Experiment files import each other (`from experiments import base`): make the directory
+    # above experiments/ importable wherever the command runs from.
+    root = str(file.resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
     module_spec = importlib.util.spec_from_file_location(f"experiment_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

@@ -7,14 +7,12 @@ diverged (both are results), 1 failed, 2 bad input, 3 preempted (resume by rerun
 
 from __future__ import annotations
 
-import os
 import sys
 
-import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scale_ablation import distributed, experiment
+from scale_ablation import experiment, runtime
 from scale_ablation.train import ConfigError, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
@@ -28,15 +26,6 @@ _DISTRIBUTED = flags.DEFINE_enum(
 EXIT_CODES = {"completed": 0, "diverged": 0, "failed": 1, "preempted": 3}
 
 
-def enable_compilation_cache(workdir: str) -> None:
-    """Persistent XLA cache in `<workdir's parent>/.jax_cache`, shared by a sweep's runs."""
-    cache = os.path.join(os.path.dirname(os.path.abspath(workdir)), ".jax_cache")
-    jax.config.update("jax_compilation_cache_dir", cache)
-    # Small models compile in well under the default 1 s threshold, yet a sweep compiles them
-    # again and again: cache everything.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -46,9 +35,9 @@ def main(argv: list[str]) -> int:
     config = _CONFIG.value
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    distributed.maybe_initialize(_DISTRIBUTED.value)
+    runtime.maybe_initialize(_DISTRIBUTED.value)
     if config.train.get("compilation_cache", True):
-        enable_compilation_cache(_WORKDIR.value)
+        runtime.enable_compilation_cache(_WORKDIR.value)
     try:
         # Probes (no training) define `run(config, workdir)` in their experiment file.
         module, _ = experiment.load_module(flags.FLAGS["config"].config_filename)

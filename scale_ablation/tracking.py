@@ -18,6 +18,7 @@ import netrc
 import os
 import re
 import struct
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,6 +53,8 @@ _MIN_SECRET_LENGTH = 8  # shorter values ("true", "1") would redact innocent str
 # A server that does not answer within this long costs the run its W&B view, not its time.
 _WANDB_INIT_TIMEOUT_SECONDS = 30.0
 _DEFAULT_WANDB_HOST = "https://api.wandb.ai"
+# How long finish() waits for wandb-core to close an offline run's .wandb file (~1-4 ms here).
+_TRANSACTION_LOG_CLOSE_TIMEOUT_SECONDS = 10.0
 
 
 # --- JSON-safe values -------------------------------------------------------------------------
@@ -303,7 +306,7 @@ class WandbWriter:
         self.run_id: str | None = None
         self.run_dir: Path | None = None  # workdir/wandb/<offline-run|run>-<time>-<id>
         self._run: Any = None
-        mode = resolve_wandb_mode(mode)
+        self.mode = mode = resolve_wandb_mode(mode)
         if mode == "disabled":
             return
         # wandb wants None, not "", for "not set".
@@ -407,6 +410,25 @@ class WandbWriter:
             run.finish(exit_code=exit_code)
         except Exception as error:
             self._give_up("finish", error)
+            return
+        if self.mode == "offline":
+            self._wait_for_transaction_log()
+
+    def _wait_for_transaction_log(self) -> None:
+        # wandb 0.31's run.finish() only *informs* wandb-core that the run is done and returns;
+        # the .wandb file is flushed and closed a few ms later. Waiting makes "finished" mean
+        # "on disk" for whoever reads or syncs the run next, in this process or another.
+        deadline = time.monotonic() + _TRANSACTION_LOG_CLOSE_TIMEOUT_SECONDS
+        pause = 0.001
+        while time.monotonic() < deadline:
+            try:
+                if _last_record_type(self.run_dir) == "exit":
+                    return
+            except (OSError, ValueError):
+                pass  # not created or not flushed yet
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        logging.warning("W&B run files in %s were not closed after finish()", self.run_dir)
 
 
 # --- what the training loop uses --------------------------------------------------------------
@@ -520,6 +542,29 @@ def _wandb_records(path: Path) -> list[bytes]:
             return records
 
 
+def _parse_records(raw_records: list[bytes]) -> list[Any]:
+    from wandb.proto import wandb_internal_pb2
+
+    records = []
+    for raw in raw_records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        records.append(record)
+    return records
+
+
+def _wandb_log_path(run_dir: str | os.PathLike) -> Path:
+    path = Path(run_dir)
+    if path.is_dir():
+        (path,) = path.glob("run-*.wandb")
+    return path
+
+
+def _last_record_type(run_dir: str | os.PathLike) -> str | None:
+    raw_records = _wandb_records(_wandb_log_path(run_dir))
+    return _parse_records(raw_records[-1:])[0].WhichOneof("record_type") if raw_records else None
+
+
 def _history_value(item: Any) -> Any:
     if item.value_json:
         return json.loads(item.value_json)  # accepts the NaN/Infinity wandb writes
@@ -540,15 +585,8 @@ def read_wandb_history(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     stops at the first damaged record, as for a killed process. A resumed run has one
     directory per process: see `find_wandb_run_dirs`.
     """
-    from wandb.proto import wandb_internal_pb2
-
-    path = Path(run_dir)
-    if path.is_dir():
-        (path,) = path.glob("run-*.wandb")
     rows = []
-    for raw in _wandb_records(path):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in _parse_records(_wandb_records(_wandb_log_path(run_dir))):
         if record.WhichOneof("record_type") != "history":
             continue
         row: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""Multi-host start-up through JAX's own multi-controller runtime."""
+"""Process set-up: multi-host start through JAX's own runtime, the persistent compile cache."""
 
 from __future__ import annotations
 
@@ -22,3 +22,12 @@ def maybe_initialize(mode: str) -> None:
         jax.distributed.initialize()
         logging.info("process %d of %d, %d local devices of %d", jax.process_index(),
                      jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def enable_compilation_cache(workdir: str) -> None:
+    """Persistent XLA cache in `<workdir's parent>/.jax_cache`, shared by a sweep's runs."""
+    cache = os.path.join(os.path.dirname(os.path.abspath(workdir)), ".jax_cache")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    # Small models compile in well under the default 1 s threshold, yet a sweep compiles them
+    # again and again: cache everything.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -1,0 +1,42 @@
+r"""The central ablation: scale policies × d_k at a fixed model width (article claim 3).
+
+  python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk_sweep_quick
+  python -m scale_ablation.sweep --config=experiments/dk_sweep.py --workdir=runs/dk_sweep
+
+The article says every scale but 1/√d_k diverged or oscillated within 500 steps. Here each
+policy trains at d_k ∈ {16, 64, 256, 1024} with num_heads × head_dim decoupled from d_model, and
+the report gives final validation bits per byte, the divergence step and attention diagnostics.
+`quick` fits a 2-core CPU in about 15 minutes (one seed); the default is sized for one GPU.
+"""
+
+from experiments import base
+
+POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned", "qk_layernorm",
+            "log_length")
+HEAD_DIMS = (16, 64, 256, 1024)
+
+
+def get_config(arg: str | None = None):
+    config = base.get_config("gpu" if arg != "quick" else "quick")
+    config.model.num_heads = 2 if arg == "quick" else 4
+    config.wandb.tags = ("dk_sweep",)
+    if arg == "quick":
+        config.train.steps = 120
+        config.train.warmup_steps = 12
+        config.train.log_every = 20
+        config.train.eval_every = 40
+        config.train.diag_every = 40
+        config.checkpoint.every = 60
+    else:
+        config.train.steps = 3000
+    return config
+
+
+def sweep(arg: str | None = None) -> list[dict]:
+    seeds = (0,) if arg == "quick" else (0, 1, 2)
+    return [
+        {"policy": policy, "model.head_dim": head_dim, "train.seed": seed}
+        for policy in POLICIES
+        for head_dim in HEAD_DIMS
+        for seed in seeds
+    ]

@@ -1,0 +1,220 @@
+r"""Run an experiment's grid: one run directory per point, resumable, in-process or in parallel.
+
+  python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
+      [--parallel=N] [--dry_run]
+
+Runs execute in this process one after another by default: on a CPU a short run spends more time
+importing JAX, compiling and starting W&B than training, and one process shares all of that
+(and the compiled programs) across the sweep. `--parallel=N` runs N `scale_ablation.main`
+processes at once instead. Rerunning the command skips finished runs (completed or diverged) and
+resumes interrupted ones from their checkpoints. The report is written at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags, logging
+
+from scale_ablation import experiment, policies, report, runtime, tracking
+from scale_ablation.model import layer_policy_specs
+from scale_ablation.train import ConfigError, train, validate
+
+_CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once; >1 uses one process per run.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and their commands, run nothing.")
+_REPORT = flags.DEFINE_bool("report", True, "Write the report when the sweep ends.")
+
+FINISHED = ("completed", "diverged")
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    name: str
+    overrides: dict
+    config: object  # ml_collections.ConfigDict, resolved
+
+
+def expand(spec: str, sweep_dir: str) -> list[Point]:
+    """The grid of `spec` as resolved configs; raises ValueError naming the first bad point."""
+    base = experiment.load_config(spec)
+    grid = experiment.load_grid(spec)
+    group = os.path.basename(os.path.normpath(sweep_dir))
+    points, names = [], set()
+    for overrides in grid:
+        name = experiment.run_name(overrides)
+        if name in names:
+            raise ValueError(f"two grid points share the run name {name!r}")
+        names.add(name)
+        config = experiment.apply_overrides(base, overrides)
+        config.wandb.group = config.wandb.group or group
+        config.wandb.job_type = "sweep"
+        try:
+            validate(config)
+            for policy_spec in layer_policy_specs(config):
+                policies.get(policy_spec)
+        except ValueError as error:
+            raise ValueError(f"grid point {name}: {error}") from None
+        points.append(Point(name, dict(overrides), config))
+    return points
+
+
+def run_status(sweep_dir: str, point: Point) -> str:
+    summary = tracking.RunFiles(os.path.join(sweep_dir, point.name)).read_summary()
+    return (summary or {}).get("status", "pending")
+
+
+def write_sweep_file(sweep_dir: str, spec: str, points: list[Point]) -> None:
+    record = {
+        "config": spec,
+        "runs": [
+            {"name": p.name, "overrides": p.overrides, "status": run_status(sweep_dir, p)}
+            for p in points
+        ],
+    }
+    os.makedirs(sweep_dir, exist_ok=True)
+    path = os.path.join(sweep_dir, "sweep.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2, default=str)
+    os.replace(path + ".tmp", path)
+
+
+def command(spec: str, sweep_dir: str, point: Point) -> list[str]:
+    return [sys.executable, "-m", "scale_ablation.main", f"--config={spec}",
+            f"--workdir={os.path.join(sweep_dir, point.name)}",
+            f"--config.wandb.group={point.config.wandb.group}", "--config.wandb.job_type=sweep",
+            *experiment.override_flags(point.overrides)]
+
+
+class Progress:
+    """One line per change: runs done / running / failed and an ETA from finished runs."""
+
+    def __init__(self, total: int, already_done: int):
+        self.total, self.done, self.started = total, already_done, time.perf_counter()
+        self.fresh_done = 0
+        self.counts: dict[str, int] = {}
+
+    def finished(self, status: str) -> None:
+        self.done += 1
+        self.fresh_done += 1
+        self.counts[status] = self.counts.get(status, 0) + 1
+
+    def show(self, running: int) -> None:
+        elapsed = time.perf_counter() - self.started
+        left = self.total - self.done
+        eta = f"{elapsed / self.fresh_done * left:.0f}s" if self.fresh_done else "?"
+        counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        print(f"[sweep] {self.done}/{self.total} done, {running} running, "
+              f"{self.counts.get('failed', 0)} failed ({counts}), eta {eta}", flush=True)
+
+
+def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progress) -> bool:
+    """Returns False if the sweep was preempted (stop; rerun to continue)."""
+    for point in todo:
+        print(f"[sweep] {point.name}", flush=True)
+        try:
+            status = train(point.config, os.path.join(sweep_dir, point.name))["status"]
+        except ConfigError as error:
+            print(f"[sweep] {point.name}: error: {error}", flush=True)
+            status = "failed"
+        except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
+            logging.exception("run %s failed", point.name)
+            print(f"[sweep] {point.name}: failed: {type(error).__name__}: {error}", flush=True)
+            status = "failed"
+        if status == "preempted":
+            return False
+        progress.finished(status)
+        progress.show(running=0)
+    return True
+
+
+def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
+                     parallel: int) -> bool:
+    pending, running = list(todo), {}
+    preempted = False
+    try:
+        while pending or running:
+            while pending and len(running) < parallel and not preempted:
+                point = pending.pop(0)
+                log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
+                running[point.name] = (subprocess.Popen(command(spec, sweep_dir, point),
+                                                        stdout=log, stderr=subprocess.STDOUT),
+                                       point, log)
+                progress.show(running=len(running))
+            time.sleep(0.5)
+            for name, (process, point, log) in list(running.items()):
+                if process.poll() is None:
+                    continue
+                log.close()
+                del running[name]
+                status = run_status(sweep_dir, point)
+                if status == "preempted":
+                    preempted = True
+                    continue
+                progress.finished(status if status in (*FINISHED, "failed") else "failed")
+                progress.show(running=len(running))
+            if preempted:
+                pending.clear()
+    except KeyboardInterrupt:
+        for process, _, _ in running.values():
+            process.terminate()  # each run checkpoints and records itself as preempted
+        for process, _, log in running.values():
+            process.wait()
+            log.close()
+        return False
+    return not preempted
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not _CONFIG.value or not _WORKDIR.value:
+        print("error: --config and --workdir are required", file=sys.stderr)
+        return 2
+    if _PARALLEL.value < 1:
+        print(f"error: --parallel must be >= 1, got {_PARALLEL.value}", file=sys.stderr)
+        return 2
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    sweep_dir = _WORKDIR.value
+    try:
+        points = expand(_CONFIG.value, sweep_dir)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    statuses = {p.name: run_status(sweep_dir, p) for p in points}
+    todo = [p for p in points if statuses[p.name] not in FINISHED]
+    if _DRY_RUN.value:
+        for point in points:
+            print(f"{statuses[point.name]:>10}  {point.name}")
+            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point)))
+        print(f"{len(points)} runs, {len(todo)} to run")
+        return 0
+
+    runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
+    write_sweep_file(sweep_dir, _CONFIG.value, points)
+    progress = Progress(len(points), len(points) - len(todo))
+    progress.show(running=0)
+    try:
+        if _PARALLEL.value == 1:
+            complete = run_in_process(_CONFIG.value, sweep_dir, todo, progress)
+        else:
+            complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value)
+    finally:
+        write_sweep_file(sweep_dir, _CONFIG.value, points)
+    if not complete:
+        print("[sweep] preempted: rerun the same command to continue", flush=True)
+        return 3
+    if _REPORT.value:
+        report.write_report(sweep_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))
