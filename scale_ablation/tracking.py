@@ -306,7 +306,7 @@ class WandbWriter:
         self.run_id: str | None = None
         self.run_dir: Path | None = None  # workdir/wandb/<offline-run|run>-<time>-<id>
         self._run: Any = None
-        self.mode = mode = resolve_wandb_mode(mode)
+        mode = resolve_wandb_mode(mode)
         if mode == "disabled":
             return
         # wandb wants None, not "", for "not set".
@@ -407,11 +407,12 @@ class WandbWriter:
             return
         run, self._run = self._run, None
         try:
+            offline = run.settings.mode in ("offline", "dryrun")
             run.finish(exit_code=exit_code)
         except Exception as error:
             self._give_up("finish", error)
             return
-        if self.mode == "offline":
+        if offline:
             self._wait_for_transaction_log()
 
     def _wait_for_transaction_log(self) -> None:
@@ -460,13 +461,14 @@ class Tracker:
         if not enable:
             self.wandb = WandbWriter(workdir, {}, mode="disabled", project="")
             return
+        mode = resolve_wandb_mode(_wandb_field(wandb_config, "mode", "auto"))  # fail before writing
         self.files.write_config(config)
         if resume_step is not None:
             self.files.truncate_metrics_after(resume_step)
         self.wandb = WandbWriter(
             workdir,
             config,
-            mode=_wandb_field(wandb_config, "mode", "auto"),
+            mode=mode,
             project=_wandb_field(wandb_config, "project", "scale_ablation"),
             entity=_wandb_field(wandb_config, "entity", ""),
             group=_wandb_field(wandb_config, "group", ""),
@@ -493,7 +495,9 @@ class Tracker:
         summary.update(fields)
         summary["wandb_run_id"] = self.wandb.run_id or fields.get("wandb_run_id")
         self.files.write_summary(summary)
-        self.wandb.update_summary({k: v for k, v in summary.items() if k != "wandb_run_id"})
+        self.wandb.update_summary(
+            {k: v for k, v in summary.items() if v is not None and k != "wandb_run_id"}
+        )
 
     def close(self, exit_code: int = 0) -> None:
         if self.enabled:
@@ -587,17 +591,33 @@ def read_wandb_history(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """
     rows = []
     for record in _parse_records(_wandb_records(_wandb_log_path(run_dir))):
-        if record.WhichOneof("record_type") != "history":
-            continue
-        row: dict[str, Any] = {}
-        for item in record.history.item:
-            *parents, leaf = [item.key] if item.key else item.nested_key
-            target = row
-            for parent in parents:
-                target = target.setdefault(parent, {})
-            target[leaf] = _history_value(item)
-        rows.append(row)
+        if record.WhichOneof("record_type") == "history":
+            row: dict[str, Any] = {}
+            for item in record.history.item:
+                _set_nested(row, item, _history_value(item))
+            rows.append(row)
     return rows
+
+
+def read_wandb_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run summary one wandb process left: the last logged values and `update_summary`
+    fields, from the same transaction log as `read_wandb_history`, nested the same way.
+    (Summary removals, which this module never makes, are not replayed.)"""
+    summary: dict[str, Any] = {}
+    for record in _parse_records(_wandb_records(_wandb_log_path(run_dir))):
+        if record.WhichOneof("record_type") != "summary":
+            continue
+        for item in record.summary.update:
+            _set_nested(summary, item, json.loads(item.value_json))
+    return summary
+
+
+def _set_nested(row: dict[str, Any], item: Any, value: Any) -> None:
+    # A flat key ("train/loss") is one element of nested_key; a logged dict is several.
+    *parents, leaf = [item.key] if item.key else item.nested_key
+    for parent in parents:
+        row = row.setdefault(parent, {})
+    row[leaf] = value
 
 
 def find_wandb_run_dirs(workdir: str | os.PathLike, run_id: str | None = None) -> list[Path]:
