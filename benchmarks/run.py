@@ -1,0 +1,299 @@
+r"""Measure what a sweep costs: `python -m benchmarks.run [--quick] [--out FILE.json]`.
+
+Prints a table and writes JSON with:
+  matmul_peak_gflops        a large jitted matmul here (float32 on CPU, bf16 on accelerators):
+                            the reference for MFU, measured in this process
+  train_tokens_per_s        the benchmark config's train step (d_model 256, 4 layers,
+  train_mfu                 4 heads × 64, seq 256, batch 16); model FLOPs per token as in PaLM
+                            appendix B, 6·N + 12·L·H·Q·T, without causal halving
+  attention_overhead_ratio  step time with the policy attention (inv_sqrt_dk) over the same
+                            model calling jax.nn.dot_product_attention directly (default scale)
+  ensemble_k, ensemble_speedup[_tiny]
+                            K members differing in seed and learning rate as one vmapped
+                            program, against the same K stepped one after another
+  sweep_speedup             dk_sweep.py:quick run naively (a fresh process per run, no
+                            compilation cache) over the default in-process runner (--quick: a
+                            4-point slice of that grid, stated in the JSON)
+  scalar_policy_compiles    train-step compilations for runs through six scalar policies at
+                            one d_k in one process
+Timings exclude warm-up, repeat several times and report the median, blocked on results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from scale_ablation import attention, data, experiment, train
+from scale_ablation.model import DTYPES
+
+_QUICK = flags.DEFINE_bool("quick", False, "Fewer repetitions and a 4-point sweep slice.")
+_OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
+_ENSEMBLE_K = flags.DEFINE_integer("ensemble_k", 8, "Members of the vmapped ensemble.")
+
+SCALAR_POLICIES = ("none", "inv_sqrt_dk", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2")
+
+
+def median_seconds(fn, *, warmup: int = 2, reps: int = 7) -> float:
+    """Median wall time of `fn()` (which must return something to block on)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak_gflops(reps: int) -> float:
+    accelerator = jax.devices()[0].platform != "cpu"
+    n = 8192 if accelerator else 2048
+    dtype = jnp.bfloat16 if accelerator else jnp.float32
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+    matmul = jax.jit(jnp.matmul)
+    return 2 * n**3 / median_seconds(lambda: matmul(a, b), reps=reps) / 1e9
+
+
+def benchmark_config(tiny: bool = False):
+    config = experiment.load_config("experiments/base.py")
+    m, t = config.model, config.train
+    if tiny:
+        m.d_model, m.num_layers, m.num_heads, m.head_dim = 64, 2, 2, 32
+        config.data.seq_len, t.batch_size = 64, 8
+    else:
+        m.d_model, m.num_layers, m.num_heads, m.head_dim = 256, 4, 4, 64
+        config.data.seq_len, t.batch_size = 256, 16
+    if jax.devices()[0].platform != "cpu":
+        t.dtype, m.attention_impl = "bfloat16", "fused"
+    return config
+
+
+def flops_per_token(config, num_params: int) -> float:
+    """PaLM appendix B: 6·N + 12·L·H·Q·T (no causal halving)."""
+    m = config.model
+    return 6 * num_params + 12 * m.num_layers * m.num_heads * m.head_dim * config.data.seq_len
+
+
+def make_stepper(config, *, seed: int = 0):
+    """A jitted train step, its initial state and a fixed batch (host data cost excluded)."""
+    config = experiment.apply_overrides(config, {"train.seed": seed})
+    tx = train.make_optimizer(config)
+    graphdef, state = train.init_state(config, tx)
+    step = jax.jit(train.make_train_step(graphdef, tx, 0.0), donate_argnums=0)
+    source = data.make_source(config.data, seed=seed)
+    raw = source.train_batch(0, config.train.batch_size, config.data.seq_len)
+    batch = {name: jnp.asarray(getattr(raw, name)) for name in ("inputs", "targets", "weights")}
+    return step, state, batch
+
+
+def step_seconds(config, reps: int) -> tuple[float, int]:
+    step, state, batch = make_stepper(config)
+    num_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+    key = jax.random.key(0)
+    holder = {"state": state}
+
+    def one():
+        holder["state"], metrics = step(holder["state"], batch, key)
+        return metrics["train/loss"]
+
+    return median_seconds(one, reps=reps), num_params
+
+
+@contextlib.contextmanager
+def direct_dot_product_attention():
+    """Swap the policy attention for a bare jax.nn.dot_product_attention call."""
+    original = attention.attend
+
+    def attend(q, k, v, **kwargs):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+    attention.attend = attend
+    try:
+        yield
+    finally:
+        attention.attend = original
+
+
+def attention_overhead_ratio(config, reps: int) -> float:
+    """Policy attention vs direct jax.nn.dot_product_attention, timed alternately."""
+    policy_step = make_stepper(config)
+    with direct_dot_product_attention():
+        direct_step = make_stepper(config)
+        jax.block_until_ready(direct_step[0](direct_step[1], direct_step[2], jax.random.key(0)))
+    ratios = []
+    key = jax.random.key(0)
+    states = {"policy": policy_step[1], "direct": direct_step[1]}
+    steppers = {"policy": policy_step, "direct": direct_step}
+    timings = {"policy": [], "direct": []}
+    for repeat in range(reps + 2):
+        for name in ("policy", "direct"):
+            step, _, batch = steppers[name]
+            start = time.perf_counter()
+            states[name], metrics = step(states[name], batch, key)
+            jax.block_until_ready(metrics)
+            if repeat >= 2:
+                timings[name].append(time.perf_counter() - start)
+    ratios = statistics.median(timings["policy"]) / statistics.median(timings["direct"])
+    return ratios
+
+
+def ensemble_speedup(config, k: int, reps: int) -> dict:
+    """K members (seeds and learning rates differ) vmapped vs one after another."""
+    steppers = [make_stepper(config, seed=i) for i in range(k)]
+    for i, (_, state, _) in enumerate(steppers):
+        state["lr"] = state["lr"] * (1.0 + 0.1 * i)
+    key = jax.random.key(0)
+    single = steppers[0][0]
+    seq_states = [s[1] for s in steppers]
+
+    def sequential():
+        out = None
+        for i in range(k):
+            seq_states[i], out = single(seq_states[i], steppers[i][2], key)
+        return out["train/loss"]
+
+    stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)  # noqa: E731
+    ens_state = stack([make_stepper(config, seed=i)[1] for i in range(k)])
+    ens_batch = stack([s[2] for s in steppers])
+    keys = jax.random.split(key, k)
+    graphdef_step = jax.jit(jax.vmap(_unjitted_step(config)), donate_argnums=0)
+    holder = {"state": ens_state}
+
+    def ensemble():
+        holder["state"], metrics = graphdef_step(holder["state"], ens_batch, keys)
+        return metrics["train/loss"]
+
+    seconds_sequential = median_seconds(sequential, reps=reps)
+    seconds_ensemble = median_seconds(ensemble, reps=reps)
+    return {"sequential_s": seconds_sequential, "ensemble_s": seconds_ensemble,
+            "speedup": seconds_sequential / seconds_ensemble}
+
+
+def _unjitted_step(config):
+    tx = train.make_optimizer(config)
+    graphdef, _ = train.init_state(config, tx)
+    return train.make_train_step(graphdef, tx, 0.0)
+
+
+def scalar_policy_compiles(config) -> int:
+    """Train-step compilations for in-process runs through six scalar policies at one d_k."""
+    before = train.compiled_steps.cache_info().currsize if hasattr(train, "compiled_steps") else 0
+    tmp = tempfile.mkdtemp()
+    try:
+        for spec in SCALAR_POLICIES:
+            run_config = experiment.apply_overrides(config, {
+                "policy": spec, "train.steps": 3, "train.log_every": 0, "train.eval_every": 0,
+                "train.diag_every": 0, "checkpoint.every": 0, "wandb.mode": "disabled",
+            })
+            train.train(run_config, os.path.join(tmp, spec))
+        return train.train_step_compilations() - before if hasattr(
+            train, "train_step_compilations") else -1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sweep_speedup(quick: bool) -> dict:
+    """Naive (fresh process per run, no cache) vs default runner, same grid, fresh dirs."""
+    spec = "experiments/dk_sweep.py:quick"
+    grid = experiment.load_grid(spec)
+    if quick:  # one point per policy family at two head_dims: the same mechanism, less time
+        grid = [p for p in grid if p["policy"] in ("inv_sqrt_dk", "none")
+                and p["model.head_dim"] in (16, 64)]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        for point in grid:
+            subprocess.run(
+                [sys.executable, "-m", "scale_ablation.main", f"--config={spec}",
+                 f"--workdir={tmp}/naive/{experiment.run_name(point)}",
+                 "--config.train.compilation_cache=False", *experiment.override_flags(point)],
+                check=True, env=env, capture_output=True)
+        naive = time.perf_counter() - start
+        slice_file = os.path.join(tmp, "grid.py")
+        with open(slice_file, "w") as f:
+            f.write("from experiments import dk_sweep\n"
+                    f"get_config = dk_sweep.get_config\ndef sweep(arg=None):\n"
+                    f"    return {grid!r}\n")
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "scale_ablation.sweep", f"--config={slice_file}:quick",
+             f"--workdir={tmp}/runner/sweep", "--report=False"],
+            check=True, env=env, capture_output=True, cwd=os.getcwd())
+        runner = time.perf_counter() - start
+    return {"runs": len(grid), "naive_s": naive, "runner_s": runner, "speedup": naive / runner}
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), cpu)
+    device = jax.devices()[0]
+    return {"platform": device.platform, "device_kind": device.device_kind,
+            "device_count": jax.device_count(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "jax": jax.__version__, "date": datetime.date.today().isoformat()}
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    quick = _QUICK.value
+    reps = 3 if quick else 7
+    results: dict = {"machine": machine(), "quick": quick}
+    results["matmul_peak_gflops"] = matmul_peak_gflops(reps)
+
+    config = benchmark_config()
+    seconds, num_params = step_seconds(config, reps)
+    tokens = config.train.batch_size * config.data.seq_len
+    results["train_step_seconds"] = seconds
+    results["train_tokens_per_s"] = tokens / seconds
+    results["model_flops_per_token"] = flops_per_token(config, num_params)
+    results["train_mfu"] = (results["train_tokens_per_s"] * results["model_flops_per_token"]
+                            / (results["matmul_peak_gflops"] * 1e9))
+    results["attention_overhead_ratio"] = attention_overhead_ratio(config, reps)
+
+    k = _ENSEMBLE_K.value
+    results["ensemble_k"] = k
+    tiny = ensemble_speedup(benchmark_config(tiny=True), k, reps)
+    results["ensemble_speedup_tiny"] = tiny["speedup"]
+    results["ensemble_detail_tiny"] = tiny
+    full = ensemble_speedup(config, k, max(2, reps // 2))
+    results["ensemble_speedup"] = full["speedup"]
+    results["ensemble_detail"] = full
+
+    results["scalar_policy_compiles"] = scalar_policy_compiles(benchmark_config(tiny=True))
+    sweep = sweep_speedup(quick)
+    results["sweep_speedup"] = sweep["speedup"]
+    results["sweep_detail"] = sweep
+
+    width = max(len(key) for key in results)
+    for key, value in results.items():
+        if not isinstance(value, dict):
+            shown = f"{value:.4g}" if isinstance(value, float) else value
+            print(f"{key:<{width}}  {shown}")
+    if _OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+        with open(_OUT.value, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {_OUT.value}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("WANDB_MODE", "offline")
+    app.run(lambda argv: sys.exit(main(argv)))
