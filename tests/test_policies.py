@@ -47,20 +47,23 @@ SPECS = [DEFAULT_ARGS.get(name, name) for name in policies.available()]
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 6, 2, 8
 
 
+def normal(seed, shape, dtype=jnp.float32):
+    # numpy, not jax.random: every new shape would compile a fresh PRNG program (~1 s on CPU).
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
 def random_qkv(seed, *, q_len=SEQ, k_len=SEQ, head_dim=HEAD_DIM, dtype=jnp.float32):
-    rq, rk, rv = jax.random.split(jax.random.key(seed), 3)
-    q = jax.random.normal(rq, (BATCH, q_len, HEADS, head_dim))
-    k = jax.random.normal(rk, (BATCH, k_len, HEADS, head_dim))
-    v = jax.random.normal(rv, (BATCH, k_len, HEADS, head_dim))
-    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    q = normal(seed, (BATCH, q_len, HEADS, head_dim), dtype)
+    k = normal(seed + 1000, (BATCH, k_len, HEADS, head_dim), dtype)
+    v = normal(seed + 2000, (BATCH, k_len, HEADS, head_dim), dtype)
+    return q, k, v
 
 
 def perturbed_params(policy, seed=1, head_dim=HEAD_DIM):
     """Initial params moved off their starting values, so that per-head/per-dim logic shows."""
     params = policy.init(jax.random.key(seed), num_heads=HEADS, head_dim=head_dim)
     leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed + 100), max(len(leaves), 1))
-    noisy = [p + 0.3 * jax.random.normal(r, p.shape) for p, r in zip(leaves, keys, strict=False)]
+    noisy = [p + 0.3 * normal(seed + i, p.shape) for i, p in enumerate(leaves)]
     return jax.tree.unflatten(treedef, noisy)
 
 
@@ -107,12 +110,12 @@ def test_gradients_exist_and_are_finite(spec):
     policy = policies.get(spec)
     q, k, v = random_qkv(0)
     params = perturbed_params(policy)
-    cotangent = jax.random.normal(jax.random.key(7), q.shape)
+    cotangent = normal(7, q.shape)
 
     def loss(q, k, v, params):
         return (attention.attend(q, k, v, policy=policy, params=params) * cotangent).sum()
 
-    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, params)
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, params)
     for name, grad in zip("qkv", grads[:3], strict=True):
         assert bool(jnp.isfinite(grad).all()), name
         assert float(jnp.abs(grad).sum()) > 0, name
@@ -155,13 +158,14 @@ def test_causal_output_ignores_future_keys_and_values(spec, implementation):
     q, k, v = random_qkv(0)
     params = perturbed_params(policy)
     cut = SEQ // 2
-    k2 = k.at[:, cut:].set(100.0 * jax.random.normal(jax.random.key(3), k[:, cut:].shape))
+    k2 = k.at[:, cut:].set(100.0 * normal(3, k[:, cut:].shape))
     v2 = v.at[:, cut:].set(-50.0)
-    run = jax.jit(
-        lambda k, v: attention.attend(
+
+    def run(k, v):
+        return attention.attend(
             q, k, v, policy=policy, params=params, implementation=implementation
         )
-    )
+
     before, after = run(k, v), run(k2, v2)
     np.testing.assert_allclose(after[:, :cut], before[:, :cut], rtol=1e-6, atol=1e-6)
     assert not np.allclose(
@@ -195,9 +199,8 @@ def test_fused_matches_reference(spec, causal, q_len, k_len):
 
 
 def unit_qk(seed, head_dim, batch=8, seq=64, heads=4):
-    rq, rk = jax.random.split(jax.random.key(seed))
     shape = (batch, seq, heads, head_dim)
-    return jax.random.normal(rq, shape), jax.random.normal(rk, shape)
+    return normal(seed, shape), normal(seed + 1, shape)
 
 
 def post_scale_logit_std(policy, q, k, *, base_scale=None):
@@ -225,8 +228,8 @@ def test_variance_law_inv_sqrt_dk_gives_unit_logit_std(head_dim):
 def gain_projected_qk(seed, gain, *, d_model=256, heads=4, batch=8, seq=64):
     """q, k from unit-variance inputs through Xavier-normal projections with fan_in == fan_out,
     so that gain 1 would give unit-variance q and k."""
-    rx, rq, rk = jax.random.split(jax.random.key(seed), 3)
-    x = jax.random.normal(rx, (batch, seq, d_model))
+    rq, rk = jax.random.split(jax.random.key(seed))
+    x = normal(seed, (batch, seq, d_model))
     init = attention.xavier_normal(gain)
     w_q, w_k = init(rq, (d_model, d_model)), init(rk, (d_model, d_model))
     split = (batch, seq, heads, d_model // heads)
@@ -270,7 +273,7 @@ def test_self_attention_gain_aware_end_to_end():
         rngs=nnx.Rngs(0),
     )
     norm = nnx.LayerNorm(d_model, use_bias=False, use_scale=False, rngs=nnx.Rngs(0))
-    x = norm(jax.random.normal(jax.random.key(1), (4, 128, d_model)))
+    x = norm(normal(1, (4, 128, d_model)))
     assert float(x.std()) == pytest.approx(1.0, rel=0.01)
     _, stats = module(x, with_diagnostics=True)
     logit_std = np.asarray(stats["logit_std"])
@@ -403,9 +406,8 @@ def test_log_length_scale_is_s_ln_n_over_sqrt_dk():
     policy = policies.get("log_length")
     s = np.array([0.7, 1.9], np.float32)  # per head, away from the initial 1
     params = {"log_length_s": jnp.asarray(s)}
-    rq, rk = jax.random.split(jax.random.key(0))
-    q = jax.random.normal(rq, (1, seq, HEADS, head_dim))
-    k = jax.random.normal(rk, (1, seq, HEADS, head_dim))
+    q = normal(0, (1, seq, HEADS, head_dim))
+    k = normal(1, (1, seq, HEADS, head_dim))
     _, internals = attention.attend(q, k, k, policy=policy, params=params, return_internals=True)
     raw = np.einsum("bqhd,bkhd->bhqk", np.asarray(q, np.float64), np.asarray(k, np.float64))
     positions = np.arange(seq)
@@ -423,9 +425,8 @@ def test_log_length_scale_is_s_ln_n_over_sqrt_dk():
 @pytest.mark.parametrize("causal", [True, False])
 def test_logit_layernorm_normalises_over_visible_keys(causal):
     head_dim, seq = 16, 7
-    rq, rk = jax.random.split(jax.random.key(0))
-    q = 3.0 * jax.random.normal(rq, (BATCH, seq, HEADS, head_dim))
-    k = jax.random.normal(rk, (BATCH, seq, HEADS, head_dim))
+    q = 3.0 * normal(0, (BATCH, seq, HEADS, head_dim))
+    k = normal(1, (BATCH, seq, HEADS, head_dim))
     _, internals = attention.attend(
         q, k, k, policy=policies.get("logit_layernorm"), causal=causal, return_internals=True
     )

@@ -1,0 +1,261 @@
+"""attend and SelfAttention: against jax.nn.dot_product_attention, one compilation for all scalar
+policies, vmapped scales, the fp16 logits pitfall, and attention dropout."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from scale_ablation import attention, policies
+
+BATCH, SEQ, HEADS, HEAD_DIM = 2, 7, 3, 16
+
+
+def normal(seed, shape, dtype=jnp.float32):
+    # numpy, not jax.random: every new shape would compile a fresh PRNG program (~1 s on CPU).
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
+def random_qkv(seed):
+    shape = (BATCH, SEQ, HEADS, HEAD_DIM)
+    return normal(seed, shape), normal(seed + 1000, shape), normal(seed + 2000, shape)
+
+
+# --------------------------------------------------------------------------- against jax
+
+
+@pytest.mark.parametrize("implementation", ["reference", "fused"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_inv_sqrt_dk_is_jax_default_attention(causal, implementation):
+    q, k, v = random_qkv(0)
+    ours = attention.attend(
+        q, k, v, policy=policies.get("inv_sqrt_dk"), causal=causal, implementation=implementation
+    )
+    theirs = jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("implementation", ["reference", "fused"])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("c", [0.1, 1.0, 0.9])
+def test_const_is_jax_attention_with_that_scale(c, causal, implementation):
+    q, k, v = random_qkv(1)
+    ours = attention.attend(
+        q, k, v, policy=policies.get(f"const:{c}"), causal=causal, implementation=implementation
+    )
+    theirs = jax.nn.dot_product_attention(q, k, v, scale=c, is_causal=causal)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_mask_puts_last_query_on_last_key():
+    mask = np.asarray(attention.causal_mask(3, 5))
+    # Query i sees keys 0 .. i + (5 - 3): independent construction.
+    expected = np.array([[j <= i + 2 for j in range(5)] for i in range(3)])
+    np.testing.assert_array_equal(mask, expected)
+
+
+def test_unknown_implementation_raises():
+    q, k, v = random_qkv(0)
+    with pytest.raises(ValueError, match="implementation"):
+        attention.attend(q, k, v, policy=policies.get("none"), implementation="flash")
+
+
+# --------------------------------------------------------------------------- compile once
+
+SCALAR_SPECS = {
+    "none": lambda d: 1.0,
+    "inv_sqrt_dk": lambda d: 1 / math.sqrt(d),
+    "inv_dk": lambda d: 1 / d,
+    "inv_log_dk": lambda d: 1 / math.log(d),
+    "const:0.1": lambda d: 0.1,
+    "gain_aware:2": lambda d: 1 / (4 * math.sqrt(d)),
+}
+
+
+D_MODEL = 48
+
+
+def build(spec, *, d_model=D_MODEL, heads=HEADS, head_dim=HEAD_DIM, seed=0, **kwargs):
+    return attention.SelfAttention(
+        d_model, heads, head_dim, policy=policies.get(spec), rngs=nnx.Rngs(seed), **kwargs
+    )
+
+
+def test_scalar_policies_compile_once():
+    x = normal(0, (2, SEQ, D_MODEL))
+    traces = []
+
+    def forward(graphdef, state, x):
+        traces.append(1)  # runs once per trace, i.e. per compilation
+        out, _ = nnx.merge(graphdef, state)(x)
+        return out
+
+    forward_jit = jax.jit(forward, static_argnums=0)
+    graphdefs, outputs = [], {}
+    for spec, formula in SCALAR_SPECS.items():
+        module = build(spec)
+        graphdef, state = nnx.split(module)
+        graphdefs.append(graphdef)
+        # The differing number lives in the state, as a ScaleValue.
+        assert isinstance(module.base_scale, attention.ScaleValue)
+        assert float(module.base_scale[...]) == pytest.approx(formula(HEAD_DIM), rel=1e-6)
+        outputs[spec] = forward_jit(graphdef, state, x)
+        eager, _ = module(x)
+        np.testing.assert_allclose(outputs[spec], eager, rtol=1e-5, atol=1e-6)
+    # ScalePolicy leaves base_scale_fn and spec out of equality: one graphdef, one program.
+    assert all(g == graphdefs[0] and hash(g) == hash(graphdefs[0]) for g in graphdefs)
+    assert len(traces) == 1
+    assert forward_jit._cache_size() == 1
+    # And the scale really travelled through the state: different policies, different outputs.
+    assert not np.allclose(outputs["none"], outputs["inv_sqrt_dk"])
+
+
+def test_scalar_policies_differ_only_in_base_scale():
+    states = [nnx.split(build(spec))[1] for spec in SCALAR_SPECS]
+    flat = [dict(nnx.to_flat_state(state)) for state in states]
+    for other in flat[1:]:
+        assert other.keys() == flat[0].keys()
+        for path, variable in other.items():
+            same = np.array_equal(variable.get_value(), flat[0][path].get_value())
+            assert same == (path != ("base_scale",)), path
+
+
+def test_vmap_over_base_scale_matches_per_value_calls():
+    q, k, v = random_qkv(2)
+    scales = jnp.array([0.05, 0.25, 1.0, 3.0])
+    batched = jax.vmap(
+        lambda s: attention.attend(q, k, v, policy=policies.get("inv_sqrt_dk"), base_scale=s)
+    )(scales)
+    for i, s in enumerate(scales.tolist()):
+        single = attention.attend(q, k, v, policy=policies.get(f"const:{s}"))
+        np.testing.assert_allclose(batched[i], single, rtol=1e-5, atol=1e-6)
+        reference = jax.nn.dot_product_attention(q, k, v, scale=s, is_causal=True)
+        np.testing.assert_allclose(batched[i], reference, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- pitfall 3
+
+
+def test_fp16_logits_overflow_and_fp32_logits_do_not():
+    head_dim = 1024
+    # |q|² ≈ 1024 · 100 > 65504, the float16 maximum: the diagonal logits of q·q overflow.
+    q = (10.0 * normal(0, (1, 4, 2, head_dim))).astype(jnp.float16)
+    v = normal(1, q.shape, jnp.float16)
+    policy = policies.get("none")
+    out16, internals16 = attention.attend(
+        q, q, v, policy=policy, logits_dtype=None, return_internals=True
+    )
+    assert internals16.logits.dtype == jnp.float16
+    assert not bool(jnp.isfinite(internals16.logits).all())
+    assert not bool(jnp.isfinite(out16).all())
+    out32, internals32 = attention.attend(
+        q, q, v, policy=policy, logits_dtype=jnp.float32, return_internals=True
+    )
+    assert internals32.logits.dtype == jnp.float32
+    assert bool(jnp.isfinite(internals32.logits).all())
+    assert out32.dtype == jnp.float16 and bool(jnp.isfinite(out32).all())
+    # The fp32 path is the float32 computation, rounded to float16 at the end.
+    full = attention.attend(
+        q.astype(jnp.float32), q.astype(jnp.float32), v.astype(jnp.float32), policy=policy
+    )
+    np.testing.assert_allclose(out32.astype(jnp.float32), full, rtol=1e-2, atol=1e-2)
+
+
+# --------------------------------------------------------------------------- dropout
+
+
+def test_attention_dropout():
+    q, k, v = random_qkv(3)
+    policy = policies.get("inv_sqrt_dk")
+
+    def run(rate, key, implementation="reference"):
+        return attention.attend(
+            q,
+            k,
+            v,
+            policy=policy,
+            dropout_rate=rate,
+            dropout_key=key,
+            implementation=implementation,
+        )
+
+    plain = run(0.0, None)
+    key_a, key_b = jax.random.key(10), jax.random.key(11)
+    dropped = run(0.5, key_a)
+    assert not np.allclose(dropped, plain)
+    np.testing.assert_array_equal(dropped, run(0.5, key_a))
+    assert not np.allclose(dropped, run(0.5, key_b))
+    np.testing.assert_array_equal(run(0.0, key_a), plain)
+    np.testing.assert_array_equal(run(0.5, None), plain)  # no key: evaluation, no dropout
+    # The fused kernel has no dropout: asking for both must still drop.
+    np.testing.assert_array_equal(run(0.5, key_a, "fused"), dropped)
+
+
+def test_attention_dropout_is_unbiased():
+    """Inverted dropout keeps the expected output: the mean over many keys is the plain output."""
+    q, k, v = random_qkv(4)
+    policy = policies.get("inv_sqrt_dk")
+    draws = 1000
+    # rbg keys compile in a fraction of threefry's time; the law does not depend on the PRNG.
+    keys = jax.random.split(jax.random.key(0, impl="rbg"), draws)
+    outs = jax.jit(
+        jax.vmap(
+            lambda key: attention.attend(q, k, v, policy=policy, dropout_rate=0.3, dropout_key=key)
+        )
+    )(keys)
+    plain = attention.attend(q, k, v, policy=policy)
+    standard_error = np.asarray(outs.std(0)) / math.sqrt(draws)
+    assert (standard_error > 0).all()
+    assert (np.abs(np.asarray(outs.mean(0)) - np.asarray(plain)) < 5 * standard_error).all()
+
+
+def test_self_attention_dropout():
+    module = build("inv_sqrt_dk", dropout_rate=0.2)
+    x = normal(0, (2, SEQ, D_MODEL))
+    plain, _ = module(x)
+    a, _ = module(x, dropout_key=jax.random.key(1))
+    b, _ = module(x, dropout_key=jax.random.key(1))
+    assert not np.allclose(a, plain)
+    np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------- the module
+
+
+def test_self_attention_matches_jax_attention_on_its_projections():
+    module = build("inv_sqrt_dk")
+    x = normal(0, (2, SEQ, D_MODEL))
+    out, stats = module(x)
+    assert stats is None
+    w = {name: np.asarray(getattr(module, name).kernel[...]) for name in ("query", "key", "value")}
+    q, k, v = (
+        jnp.asarray(np.asarray(x) @ w[n]).reshape(2, SEQ, HEADS, HEAD_DIM)
+        for n in ("query", "key", "value")
+    )
+    expected = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(
+        2, SEQ, HEADS * HEAD_DIM
+    )
+    expected = expected @ module.out.kernel[...]
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_self_attention_diagnostics_include_learned_values():
+    module = build("learned_per_head")
+    _, stats = module(normal(0, (2, SEQ, D_MODEL)), with_diagnostics=True)
+    for name in ("logit_std", "max_abs_logit", "entropy", "entropy_normalised", "max_weight"):
+        assert stats[name].shape == (HEADS,)
+    np.testing.assert_allclose(stats["learned_scale"], 1 / math.sqrt(HEAD_DIM), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [{"head_dim": 0}, {"heads": 0}, {"head_dim": 7, "rotary": True}])
+def test_self_attention_rejects_bad_shapes(bad):
+    with pytest.raises(ValueError):
+        build("none", **bad)
+
+
+def test_xavier_normal_std():
+    w = attention.xavier_normal(2.0)(jax.random.key(0), (256, 768))
+    assert float(w.std()) == pytest.approx(2.0 * math.sqrt(2 / (256 + 768)), rel=0.02)
