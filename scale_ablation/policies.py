@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -203,6 +204,9 @@ def gain_aware(arg: str | None) -> ScalePolicy:
 # --------------------------------------------------------------------------- learned scales
 
 
+# Builders of policies with closures are cached: the same settings give the very same functions,
+# so two models built from one spec have equal graphdefs and share compiled programs.
+@functools.cache
 def _learned(per_head: bool, init_value: float | None) -> ScalePolicy:
     def init_fn(rng, *, num_heads, head_dim, base_scale):
         start = init_value if init_value is not None else base_scale
@@ -244,6 +248,7 @@ def learned_per_head(arg: str | None) -> ScalePolicy:
 # --------------------------------------------------------------------------- QK normalisation
 
 
+@functools.cache
 def _qk_norm(center: bool) -> ScalePolicy:
     def init_fn(rng, *, num_heads, head_dim, base_scale):
         return {"q_gain": jnp.ones((head_dim,), jnp.float32),
@@ -286,8 +291,11 @@ def qk_rmsnorm(arg: str | None) -> ScalePolicy:
 @register("log_length")
 def log_length(arg: str | None) -> ScalePolicy:
     """s·ln(n)/√d_k with n the keys a query sees and s learnable per head (Nakanishi 2025)."""
-    s_init = parse_number("log_length", arg, default=1.0, expects="a positive initial s")
+    return _log_length(parse_number("log_length", arg, default=1.0, expects="a positive initial s"))
 
+
+@functools.cache
+def _log_length(s_init: float) -> ScalePolicy:
     def init_fn(rng, *, num_heads, head_dim, base_scale):
         return {"log_length_s": jnp.full((num_heads,), s_init, jnp.float32)}
 

@@ -445,3 +445,12 @@ def test_logit_layernorm_normalises_over_visible_keys(causal):
                     atol=1e-5,
                     err_msg=f"b={b} h={h} i={i}",
                 )
+
+
+@pytest.mark.parametrize("name", policies.available())
+def test_same_spec_gives_equal_policy(name):
+    """Two models built from one spec must share compiled programs: their policies compare
+    (and hash) equal, learned ones included."""
+    spec = {"const": "const:0.1", "gain_aware": "gain_aware:2"}.get(name, name)
+    first, second = policies.get(spec), policies.get(spec)
+    assert first == second and hash(first) == hash(second)
