@@ -32,8 +32,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.n_keys = 3  # keys per query, as in the article
     config.n_samples = 20_000  # queries per cell
     config.seed = 0
-    # main.py reads train.compilation_cache for every experiment; this one compiles nothing big.
-    config.train = ml_collections.ConfigDict({"compilation_cache": False})
+    # main.py reads train.compilation_cache for every experiment; the eager ops here compile
+    # once per d_k (seconds each), which the persistent cache saves on a rerun.
+    config.train = ml_collections.ConfigDict({"compilation_cache": True})
     if arg == "quick":
         config.n_samples = 2_000
     elif arg:
@@ -44,116 +45,108 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def parse_divisor(spec: str | float) -> tuple[str, float]:
     """(label, value) of a divisor given as a number or "sqrtN"."""
     text = str(spec).strip()
+    root = text.startswith("sqrt")
     try:
-        if text.startswith("sqrt"):
-            label, value = f"√{text[4:]}", math.sqrt(float(text[4:]))
-        else:
-            label, value = f"{float(text):g}", float(text)
+        number = float(text[4:] if root else text)
     except ValueError:
-        value = math.nan
-    if not value > 0 or not math.isfinite(value):
+        number = math.nan
+    if not (number > 0 and math.isfinite(number)):
         raise ValueError(f"divisors: {spec!r} is not a positive number or 'sqrtN'")
-    return label, value
+    return (f"√{text[4:]}", math.sqrt(number)) if root else (f"{number:g}", number)
 
 
 def monte_carlo(seed: int, head_dim: int, divisor: float, n_keys: int, n_samples: int):
     """(mean entropy, mean max weight), in chunks; the draws depend on (seed, d_k) only, so
     every divisor of a row sees the same q and keys and a row's differences are the divisor's."""
     rng = jax.random.fold_in(jax.random.key(seed), head_dim)
+    # Near-equal chunks: every new array shape costs an eager compile of each op.
+    chunk = math.ceil(n_samples / math.ceil(n_samples / CHUNK))
     entropy = max_weight = 0.0
-    for index, start in enumerate(range(0, n_samples, CHUNK)):
-        size = min(CHUNK, n_samples - start)
-        e, m = diagnostics.softmax_entropy_table(
-            jax.random.fold_in(rng, index), head_dim=head_dim, divisor=divisor, n_keys=n_keys,
-            n_samples=size,
-        )
+    for index, start in enumerate(range(0, n_samples, chunk)):
+        size = min(chunk, n_samples - start)
+        draw = dict(head_dim=head_dim, divisor=divisor, n_keys=n_keys, n_samples=size)
+        e, m = diagnostics.softmax_entropy_table(jax.random.fold_in(rng, index), **draw)
         entropy, max_weight = entropy + e * size, max_weight + m * size
     return entropy / n_samples, max_weight / n_samples
 
 
-def markdown(rows: list[dict], head_dims, divisors, n_keys: int) -> str:
-    def table(field: str) -> list[str]:
-        lines = ["| d_k | " + " | ".join(f"÷{label}" for label, _ in divisors) + " | at ÷√d_k |",
-                 "|---:" * (len(divisors) + 2) + "|"]
-        for d in head_dims:
-            cells, diagonal = [], "—"
-            for label, value in divisors:
-                text = f"{next(r[field] for r in rows if r['d_k'] == d and r['label'] == label):.3f}"
-                if math.isclose(value, math.sqrt(d)):
-                    text = diagonal = f"**{text}**"
-                cells.append(text)
-            lines.append(f"| {d} | " + " | ".join(cells) + f" | {diagonal} |")
+def markdown(grids: dict, on_diagonal: np.ndarray, head_dims, labels, n_keys: int) -> str:
+    def table(values: np.ndarray) -> list[str]:
+        columns = " | ".join(f"÷{label}" for label in labels)
+        lines = [f"| d_k | {columns} | at ÷√d_k |", "|---:" * (len(labels) + 2) + "|"]
+        for d, row, diagonal in zip(head_dims, values, on_diagonal, strict=True):
+            cells = [
+                f"**{x:.3f}**" if on else f"{x:.3f}" for x, on in zip(row, diagonal, strict=True)
+            ]
+            at_root = next((c for c, on in zip(cells, diagonal, strict=True) if on), "—")
+            lines.append(f"| {d} | {' | '.join(cells)} | {at_root} |")
         return lines
 
-    on_diagonal = [r["entropy"] for r in rows if math.isclose(r["divisor"], math.sqrt(r["d_k"]))]
-    spread = (f"Along the diagonal the entropy spans {min(on_diagonal):.3f}–{max(on_diagonal):.3f}."
-              if on_diagonal else "No divisor in this grid equals √d_k for any d_k.")
-    return "\n".join([
-        f"## Softmax entropy (nats), {n_keys} keys per query",
-        "",
-        f"Uniform attention has entropy ln({n_keys}) = {math.log(n_keys):.4f}; one-hot has 0. "
-        f"Bold cells (and the last column) are divisor = √d_k. {spread}",
-        "",
-        *table("entropy"),
-        "",
-        f"## Mean max weight (uniform: 1/{n_keys} = {1 / n_keys:.4f}; one-hot: 1)",
-        "",
-        *table("max_weight"),
-        "",
-    ])
+    along = grids["entropy"][on_diagonal]
+    spread = f"spans {along.min():.3f}–{along.max():.3f}" if along.size else "is not in this grid"
+    uniform = f"Uniform attention has entropy ln({n_keys}) = {math.log(n_keys):.4f}, one-hot 0."
+    diagonal = f"Bold cells (last column) have divisor = √d_k; along them the entropy {spread}."
+    lines = [f"## Softmax entropy (nats), {n_keys} keys per query", "", uniform, diagonal, ""]
+    lines += [*table(grids["entropy"]), "", f"## Mean max weight (uniform: 1/{n_keys}, one-hot: 1)"]
+    return "\n".join([*lines, "", *table(grids["max_weight"]), ""])
 
 
-def heatmap(rows: list[dict], head_dims, divisors, n_keys: int, path: str) -> None:
+def heatmap(entropy: np.ndarray, on_diagonal, head_dims, labels, n_keys: int, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    grid = np.array([[r["entropy"] for r in rows if r["d_k"] == d] for d in head_dims])
-    fig, ax = plt.subplots(figsize=(1.2 * len(divisors) + 2, 0.7 * len(head_dims) + 1.5))
-    image = ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=math.log(n_keys), aspect="auto")
-    for i, d in enumerate(head_dims):
-        for j, (_, value) in enumerate(divisors):
-            weight = "bold" if math.isclose(value, math.sqrt(d)) else "normal"
-            ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontweight=weight,
-                    color="white" if grid[i, j] < 0.6 * math.log(n_keys) else "black")
-    ax.set_xticks(range(len(divisors)), [f"÷{label}" for label, _ in divisors])
+    fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 0.7 * len(head_dims) + 1.5))
+    image = ax.imshow(entropy, cmap="viridis", vmin=0.0, vmax=math.log(n_keys), aspect="auto")
+    for (i, j), x in np.ndenumerate(entropy):
+        color = "white" if x < 0.6 * math.log(n_keys) else "black"
+        weight = "bold" if on_diagonal[i, j] else "normal"
+        ax.text(j, i, f"{x:.2f}", ha="center", va="center", color=color, fontweight=weight)
+    ax.set_xticks(range(len(labels)), [f"÷{label}" for label in labels])
     ax.set_yticks(range(len(head_dims)), [str(d) for d in head_dims])
-    ax.set_xlabel("divisor")
-    ax.set_ylabel("d_k")
-    ax.set_title(f"softmax entropy, {n_keys} keys (bold: divisor = √d_k)")
-    fig.colorbar(image, ax=ax, label=f"entropy (nats), max ln {n_keys}")
+    ax.set(xlabel="divisor", ylabel="d_k", title="softmax entropy (bold: divisor = √d_k)")
+    fig.colorbar(image, ax=ax, label=f"entropy (nats); uniform = ln {n_keys}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
-    """Measure every (d_k, divisor) cell and write the CSV, markdown and heatmap."""
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, np.ndarray]:
+    """Measure every (d_k, divisor) cell; write the CSV, markdown and heatmap; return the grids."""
     head_dims = [int(d) for d in config.head_dims]
-    if not head_dims or min(head_dims) < 1:
-        raise ValueError(f"head_dims must be positive integers, got {tuple(config.head_dims)}")
+    if not head_dims or min(head_dims) < 1 or len(set(head_dims)) < len(head_dims):
+        raise ValueError(f"head_dims must be distinct positive integers, got {config.head_dims}")
     if config.n_keys < 2 or config.n_samples < 1:
-        raise ValueError(f"need n_keys >= 2 and n_samples >= 1, got {config.n_keys}, "
-                         f"{config.n_samples}")
-    divisors = [parse_divisor(spec) for spec in config.divisors]
-    rows = []
-    for d in head_dims:
-        for label, value in divisors:
-            entropy, max_weight = monte_carlo(config.seed, d, value, config.n_keys,
-                                              config.n_samples)
-            rows.append({"d_k": d, "divisor": value, "label": label, "n_keys": config.n_keys,
-                         "entropy": entropy, "max_weight": max_weight})
+        raise ValueError(
+            f"need n_keys >= 2, n_samples >= 1; got {config.n_keys}, {config.n_samples}"
+        )
+    labels, values = zip(*(parse_divisor(spec) for spec in config.divisors), strict=True)
+    grids = {name: np.zeros((len(head_dims), len(values))) for name in ("entropy", "max_weight")}
+    for (i, j), _ in np.ndenumerate(grids["entropy"]):
+        cell = monte_carlo(config.seed, head_dims[i], values[j], config.n_keys, config.n_samples)
+        grids["entropy"][i, j], grids["max_weight"][i, j] = cell
+    on_diagonal = np.array([[math.isclose(v, math.sqrt(d)) for v in values] for d in head_dims])
+
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "entropy_table.csv"), "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["d_k", "divisor", "n_keys", "entropy", "max_weight"])
-        for r in rows:
-            writer.writerow([r["d_k"], f"{r['divisor']:.6g}", r["n_keys"], f"{r['entropy']:.6f}",
-                             f"{r['max_weight']:.6f}"])
-    text = markdown(rows, head_dims, divisors, config.n_keys)
+        for (i, j), entropy in np.ndenumerate(grids["entropy"]):
+            max_weight = grids["max_weight"][i, j]
+            writer.writerow(
+                [
+                    head_dims[i],
+                    f"{values[j]:.6g}",
+                    config.n_keys,
+                    f"{entropy:.6f}",
+                    f"{max_weight:.6f}",
+                ]
+            )
+    text = markdown(grids, on_diagonal, head_dims, labels, config.n_keys)
     with open(os.path.join(workdir, "entropy_table.md"), "w") as file:
         file.write(text)
-    heatmap(rows, head_dims, divisors, config.n_keys, os.path.join(workdir, "entropy_heatmap.png"))
+    path = os.path.join(workdir, "entropy_heatmap.png")
+    heatmap(grids["entropy"], on_diagonal, head_dims, labels, config.n_keys, path)
     print(text)
-    return rows
+    return grids

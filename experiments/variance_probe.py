@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import os
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -27,10 +28,13 @@ from scale_ablation import data, diagnostics, experiment, policies
 from scale_ablation.attention import apply_rotary, attend, causal_mask
 from scale_ablation.model import build_model
 
-COLUMNS = ("policy", "d_k", "init_gain", "var_q", "var_k", "var_qk_measured", "var_qk_law",
-           "ratio", "logit_std_after_scale", "in_health_band", "qk_measured_on")
+# Fixed-scale policies act on the raw projections; the last two normalise q, k or the logits.
+RAW_QK = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2", "learned")
+NORMALISED = ("qk_layernorm", "logit_layernorm")
 # A policy without its own transform_qk carries the dataclass default, the identity.
 IDENTITY_QK = policies.ScalePolicy(base_scale_fn=float).transform_qk
+# Eager mode compiles each op anew for every shape; jitted, the statistics compile once.
+attention_stats = jax.jit(diagnostics.attention_stats)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -38,8 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Only block 0 is probed; its input is the embedding, whatever the depth.
     config.model.d_model, config.model.num_heads, config.model.num_layers = 256, 4, 1
     config.probe = probe = ml_collections.ConfigDict()
-    probe.policies = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
-                      "learned", "qk_layernorm", "logit_layernorm")
+    probe.policies = RAW_QK + NORMALISED
     probe.head_dims = (16, 64, 256, 1024)  # d_k per head, decoupled from d_model
     probe.init_gains = (1.0, 2.0)  # model.init_gain: Xavier gain of the q/k projections
     probe.batch_size = 8  # sequences per validation batch; data.val_batches batches
@@ -66,103 +69,132 @@ def measure(config: ml_collections.ConfigDict, tokens: np.ndarray) -> dict:
         q, k = apply_rotary(q, jnp.arange(seq)), apply_rotary(k, jnp.arange(seq))
     params = attention.policy_params.get_value()
     q_dot, k_dot = attention.policy.transform_qk(params, q, k)  # what enters q·k
+    transforms_qk = attention.policy.transform_qk is not IDENTITY_QK
     q_dot, k_dot = np.asarray(q_dot, np.float64), np.asarray(k_dot, np.float64)
-    raw = np.einsum("bqhd,bkhd->bhqk", q_dot, k_dot)  # (B, H, T, T)
+    raw = q_dot.transpose(0, 2, 1, 3) @ k_dot.transpose(0, 2, 3, 1)  # (B, H, T, T)
     visible = np.broadcast_to(np.asarray(causal_mask(seq, seq)), raw.shape)
     var_q, var_k, var_qk = q_dot.var(), k_dot.var(), raw[visible].var()
 
-    _, internals = attend(q, k, v, policy=attention.policy, params=params, causal=True,
-                          base_scale=attention.base_scale[...], logits_dtype=attention.logits_dtype,
-                          return_internals=True)
-    stats = diagnostics.attention_stats(internals.logits, internals.probs, internals.mask)
+    # The post-scale logits as the layer computes them (same policy, scale and logits dtype).
+    scale = {"policy": attention.policy, "params": params, "base_scale": attention.base_scale[...]}
+    logits_dtype = attention.logits_dtype
+    _, internals = attend(q, k, v, **scale, logits_dtype=logits_dtype, return_internals=True)
+    stats = attention_stats(internals.logits, internals.probs, internals.mask)
+    out_of_band = diagnostics.health_flags(stats)["logit_std_out_of_band"]
     law = attention.head_dim * var_q * var_k
     return {
-        "policy": config.policy, "d_k": attention.head_dim, "init_gain": config.model.init_gain,
-        "var_q": var_q, "var_k": var_k, "var_qk_measured": var_qk, "var_qk_law": law,
+        "policy": config.policy,
+        "d_k": attention.head_dim,
+        "init_gain": config.model.init_gain,
+        "var_q": var_q,
+        "var_k": var_k,
+        "var_qk_measured": var_qk,
+        "var_qk_law": law,
         "ratio": var_qk / law,
         "logit_std_after_scale": float(np.sqrt(np.mean(np.square(stats["logit_std"])))),
-        "in_health_band": not bool(diagnostics.health_flags(stats)["logit_std_out_of_band"].any()),
-        "qk_measured_on": "projection" if attention.policy.transform_qk is IDENTITY_QK
-        else "policy.transform_qk",
+        "in_health_band": not bool(out_of_band.any()),
+        "qk_measured_on": "policy.transform_qk" if transforms_qk else "projection",
     }
 
 
-def markdown(rows: list[dict], probe: ml_collections.ConfigDict) -> str:
-    def table(title: str, gain: float, cell) -> list[str]:
-        head = "| policy | " + " | ".join(f"d_k={d}" for d in probe.head_dims) + " |"
-        lines = [f"### {title}, init gain {gain:g}", "", head, "|---" + "|---:" * len(probe.head_dims) + "|"]
-        for spec in probe.policies:
-            found = {r["d_k"]: r for r in rows if r["policy"] == spec and r["init_gain"] == gain}
-            lines.append(f"| {spec} | " + " | ".join(cell(found[d]) for d in probe.head_dims) + " |")
-        return [*lines, ""]
+def markdown(results: dict, probe: ml_collections.ConfigDict) -> str:
+    def std_cell(row: dict) -> str:
+        return f"{row['logit_std_after_scale']:.3g} {'✓' if row['in_health_band'] else '✗'}"
 
+    dims, gains = probe.head_dims, probe.init_gains
     low, high = diagnostics.LOGIT_STD_BAND
-    out = ["## Variance probe at initialisation", "",
-           "Law: Var(q·k) = d_k·Var(q)·Var(k), with Var(q), Var(k) measured in the same forward "
-           "pass (on the normalised q, k for QK-norm policies). logit_layernorm normalises the raw "
-           "logits over keys before its 1/√d_k, so its post-scale std is not the law's times the "
-           f"scale. ✓: every head's post-scale logit std in [{low}, {high}].", ""]
-    for gain in probe.init_gains:
-        out += table("Post-scale logit std", gain,
-                     lambda r: f"{r['logit_std_after_scale']:.3g} {'✓' if r['in_health_band'] else '✗'}")
-        out += table("Var(q·k) measured / law", gain, lambda r: f"{r['ratio']:.3f}")
-        out += table("Var(q), Var(k) of the entries entering q·k", gain,
-                     lambda r: f"{r['var_q']:.3g}, {r['var_k']:.3g}")
-    return "\n".join(out)
+    head = "| init gain | " + " | ".join(f"d_k={d}" for d in dims) + " |"
+    rule = "|---|---:" + "|---:" * len(dims) + "|"
+    lines = [
+        "## Variance probe at initialisation",
+        "",
+        "Law: Var(q·k) = d_k·Var(q)·Var(k), Var(q) and Var(k) measured in the same forward pass "
+        "(on the normalised q, k for qk_layernorm). logit_layernorm normalises the raw logits over "
+        "the keys before its 1/√d_k, so its post-scale std is not the law's times its scale.",
+        "",
+        f"### Post-scale logit std (✓: every head in [{low}, {high}])",
+        "",
+        f"| policy {head}",
+        rule,
+    ]
+    for spec in probe.policies:
+        for gain in gains:
+            cells = [std_cell(results[spec, d, gain]) for d in dims]
+            lines.append(f"| {spec} | {gain:g} | {' | '.join(cells)} |")
+    # No policy touches W_q, W_k and all share the seed, so those using the raw q, k measure the
+    # same numbers: identical measurements share a row.
+    groups: dict[tuple, list[str]] = {}
+    for spec in probe.policies:
+        key = tuple(results[spec, d, g]["var_qk_measured"] for d in dims for g in gains)
+        groups.setdefault(key, []).append(spec)
+    lines += ["", "### Var(q·k) measured / law (Var(q), Var(k))", "", f"| policies {head}", rule]
+    for specs in groups.values():
+        for gain in gains:
+            found = [results[specs[0], d, gain] for d in dims]
+            cells = [f"{r['ratio']:.3f} ({r['var_q']:.3g}, {r['var_k']:.3g})" for r in found]
+            lines.append(f"| {', '.join(specs)} | {gain:g} | {' | '.join(cells)} |")
+    return "\n".join([*lines, ""])
 
 
-def plot(rows: list[dict], probe: ml_collections.ConfigDict, path: str) -> None:
+def plot(results: dict, probe: ml_collections.ConfigDict, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gains = list(probe.init_gains)
-    fig, axes = plt.subplots(1, len(gains), figsize=(6 * len(gains), 4.5), sharey=True,
-                             squeeze=False)
-    for ax, gain in zip(axes[0], gains, strict=True):
+    gains = probe.init_gains
+    fig, axes = plt.subplots(1, len(gains), figsize=(6 * len(gains), 4.5), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, gain in zip(axes, gains, strict=True):
         ax.axhspan(*diagnostics.LOGIT_STD_BAND, color="green", alpha=0.15, label="health band")
-        for spec in probe.policies:
-            points = sorted((r["d_k"], r["logit_std_after_scale"]) for r in rows
-                            if r["policy"] == spec and r["init_gain"] == gain)
-            ax.plot(*zip(*points, strict=True), marker="o", label=spec)
+        for i, spec in enumerate(probe.policies):
+            stds = [results[spec, d, gain]["logit_std_after_scale"] for d in probe.head_dims]
+            # Some policies coincide at initialisation (learned = inv_sqrt_dk): vary the style.
+            style = {"marker": "osv^D"[i % 5], "linestyle": ("-", "--", ":", "-.")[i % 4]}
+            style["markerfacecolor"] = "none"
+            ax.plot(probe.head_dims, stds, **style, label=spec)
         ax.set(xscale="log", yscale="log", xlabel="d_k (head_dim)", title=f"init gain {gain:g}")
         ax.set_xticks(list(probe.head_dims), [str(d) for d in probe.head_dims])
-    axes[0][0].set_ylabel("post-scale logit std at init")
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    axes[0].set_ylabel("post-scale logit std at initialisation")
+    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> list[dict]:
-    """Probe every policy × d_k × init gain and write the CSV, markdown and plot."""
+    """Probe every policy × d_k × init gain, write the CSV, markdown and plot; return the rows."""
     probe = config.probe
-    if not probe.head_dims or min(probe.head_dims) < 2:
-        raise ValueError(f"probe.head_dims must be integers >= 2, got {tuple(probe.head_dims)}")
-    if not probe.init_gains or min(probe.init_gains) <= 0 or probe.batch_size < 1:
-        raise ValueError(f"probe.init_gains must be positive and probe.batch_size >= 1, got "
-                         f"{tuple(probe.init_gains)}, {probe.batch_size}")
+    dims, gains = tuple(probe.head_dims), tuple(probe.init_gains)
+    if not dims or min(dims) < 2 or len(set(dims)) < len(dims):
+        raise ValueError(f"probe.head_dims must be distinct integers >= 2, got {dims}")
+    if not gains or min(gains) <= 0 or probe.batch_size < 1:
+        raise ValueError(
+            f"need positive probe.init_gains, batch_size >= 1; got {gains}, {probe.batch_size}"
+        )
     for spec in probe.policies:
         policies.get(spec)  # an unknown policy fails here, before any work
-    batches = data.make_source(config.data, config.train.seed).val_batches(
-        probe.batch_size, config.data.seq_len, config.data.val_batches)
+    source = data.make_source(config.data, config.train.seed)
+    batches = source.val_batches(probe.batch_size, config.data.seq_len, config.data.val_batches)
     tokens = np.concatenate([b.inputs for b in batches])  # (B, T)
-    rows = [
-        measure(experiment.apply_overrides(
-            config, {"policy": spec, "model.head_dim": d, "model.init_gain": gain}), tokens)
-        for spec in probe.policies for d in probe.head_dims for gain in probe.init_gains
-    ]
+    results = {}
+    for spec in probe.policies:
+        for d in dims:
+            for gain in gains:
+                point = {"policy": spec, "model.head_dim": d, "model.init_gain": gain}
+                results[spec, d, gain] = measure(experiment.apply_overrides(config, point), tokens)
+    rows = list(results.values())
+
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "variance_probe.csv"), "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=COLUMNS)
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
         writer.writeheader()
-        for r in rows:
-            writer.writerow({key: f"{value:.6g}" if isinstance(value, float) else value
-                             for key, value in r.items()})
-    text = markdown(rows, probe)
+        for row in rows:  # 6 significant digits: enough for every check, readable by eye
+            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
+    text = markdown(results, probe)
     with open(os.path.join(workdir, "variance_probe.md"), "w") as file:
         file.write(text)
-    plot(rows, probe, os.path.join(workdir, "variance_probe.png"))
+    plot(results, probe, os.path.join(workdir, "variance_probe.png"))
     print(text)
     return rows
