@@ -186,6 +186,18 @@ def xavier_normal(gain: float) -> Callable:
     return jax.nn.initializers.variance_scaling(gain**2, "fan_avg", "normal")
 
 
+def kernel_init(kind: str, gain: float = 1.0) -> Callable:
+    """'fan_in': std = gain/√fan_in, so unit-variance inputs give outputs of variance gain²
+    whatever the output width (the article's premise that q and k entries have unit variance
+    holds for every d_k). 'xavier': Xavier normal, whose variance 2/(fan_in + fan_out) shrinks
+    as num_heads·head_dim grows, confounding d_k with the init variance."""
+    if kind == "fan_in":
+        return jax.nn.initializers.variance_scaling(gain**2, "fan_in", "normal")
+    if kind == "xavier":
+        return xavier_normal(gain)
+    raise ValueError(f"model.init must be 'fan_in' or 'xavier', got {kind!r}")
+
+
 def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
     """Rotary position embedding over head_dim (split-halves convention). x: [B, T, H, D]."""
     half = x.shape[-1] // 2
@@ -211,7 +223,7 @@ class SelfAttention(nnx.Module):
         policy: ScalePolicy,
         rngs: nnx.Rngs,
         qk_init_gain: float = 1.0,
-        kernel_init: Callable | None = None,
+        init: str = "fan_in",
         dropout_rate: float = 0.0,
         logits_dtype=jnp.float32,
         dtype=jnp.float32,
@@ -223,9 +235,8 @@ class SelfAttention(nnx.Module):
         if rotary and head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
         inner = num_heads * head_dim
-        kernel_init = kernel_init or xavier_normal(1.0)
         # The q/k gain is the article's pitfall 1: it changes Var(q·k) by gain⁴.
-        qk_init = xavier_normal(qk_init_gain)
+        qk_init, other_init = kernel_init(init, qk_init_gain), kernel_init(init)
 
         def linear(fan_in, fan_out, init):
             return nnx.Linear(fan_in, fan_out, use_bias=False, kernel_init=init, dtype=dtype,
@@ -233,8 +244,8 @@ class SelfAttention(nnx.Module):
 
         self.query = linear(d_model, inner, qk_init)
         self.key = linear(d_model, inner, qk_init)
-        self.value = linear(d_model, inner, kernel_init)
-        self.out = linear(inner, d_model, kernel_init)
+        self.value = linear(d_model, inner, other_init)
+        self.out = linear(inner, d_model, other_init)
         self.policy = policy
         self.policy_params = nnx.Param(
             policy.init(rngs.params(), num_heads=num_heads, head_dim=head_dim)

@@ -10,7 +10,7 @@ import ml_collections
 from flax import nnx
 
 from scale_ablation import policies
-from scale_ablation.attention import SelfAttention, xavier_normal
+from scale_ablation.attention import SelfAttention, kernel_init
 from scale_ablation.policies import ScalePolicy
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,6 +37,7 @@ class Block(nnx.Module):
         norm: str,
         norm_position: str,
         mlp_ratio: int,
+        init: str,
         init_gain: float,
         attention_dropout: float,
         logits_dtype,
@@ -51,14 +52,15 @@ class Block(nnx.Module):
         self.attention_norm = make_norm(norm, d_model, dtype, rngs)
         self.attention = SelfAttention(
             d_model, num_heads, head_dim,
-            policy=policy, rngs=rngs, qk_init_gain=init_gain, dropout_rate=attention_dropout,
+            policy=policy, rngs=rngs, init=init, qk_init_gain=init_gain,
+            dropout_rate=attention_dropout,
             logits_dtype=logits_dtype, dtype=dtype, rotary=rotary, implementation=attention_impl,
         )
         self.mlp_norm = make_norm(norm, d_model, dtype, rngs)
         hidden = mlp_ratio * d_model
-        self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=xavier_normal(1.0), dtype=dtype,
+        self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=kernel_init(init), dtype=dtype,
                                  rngs=rngs)
-        self.mlp_out = nnx.Linear(hidden, d_model, kernel_init=xavier_normal(1.0), dtype=dtype,
+        self.mlp_out = nnx.Linear(hidden, d_model, kernel_init=kernel_init(init), dtype=dtype,
                                   rngs=rngs)
 
     def mlp(self, x: jax.Array) -> jax.Array:
@@ -93,6 +95,7 @@ class LanguageModel(nnx.Module):
         positions: str = "learned",
         max_seq_len: int = 1024,
         mlp_ratio: int = 4,
+        init: str = "fan_in",
         init_gain: float = 1.0,
         attention_dropout: float = 0.0,
         logits_dtype=jnp.float32,
@@ -116,7 +119,7 @@ class LanguageModel(nnx.Module):
             Block(
                 d_model, num_heads, head_dim,
                 policy=policy, norm=norm, norm_position=norm_position, mlp_ratio=mlp_ratio,
-                init_gain=init_gain, attention_dropout=attention_dropout,
+                init=init, init_gain=init_gain, attention_dropout=attention_dropout,
                 logits_dtype=logits_dtype, attention_impl=attention_impl,
                 rotary=positions == "rotary", dtype=dtype, rngs=rngs,
             )
@@ -188,6 +191,7 @@ def build_model(config: ml_collections.ConfigDict, rngs: nnx.Rngs, vocab_size: i
         positions=m.positions,
         max_seq_len=m.max_seq_len,
         mlp_ratio=m.mlp_ratio,
+        init=m.init,
         init_gain=m.init_gain,
         attention_dropout=m.attention_dropout,
         logits_dtype=jnp.float32 if m.logits_dtype == "float32" else None,
