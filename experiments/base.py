@@ -52,6 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.log_every = 50
     train.eval_every = 200
     train.diag_every = 100  # 0 disables attention diagnostics
+    train.eval_seq_lens = ()  # extra validation lengths (e.g. 2n, 4n): `val/loss@LEN`
     train.compilation_cache = True  # persistent XLA cache beside the workdir
 
     config.checkpoint = checkpoint = ml_collections.ConfigDict()
