@@ -35,11 +35,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 
 from scale_ablation import attention, data, experiment, train
-from scale_ablation.model import DTYPES
 
 _QUICK = flags.DEFINE_bool("quick", False, "Fewer repetitions and a 4-point sweep slice.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -241,9 +239,8 @@ def sweep_speedup(quick: bool) -> dict:
 
 def machine() -> dict:
     cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), cpu)
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), cpu)
     device = jax.devices()[0]
     return {"platform": device.platform, "device_kind": device.device_kind,
             "device_count": jax.device_count(), "cpu": cpu, "cpu_count": os.cpu_count(),

@@ -1,0 +1,98 @@
+r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
+
+1. The fused path (cuDNN on NVIDIA GPUs) agrees with the reference path in bfloat16 for every
+   scalar policy and the learned ones, causal, forward and gradients.
+2. A 100-step bfloat16 run of experiments/base.py trains (loss falls, status completed).
+3. Tokens/s and MFU of the benchmark config (benchmarks/run.py's definitions).
+Runs on a CPU too (the fused path is then XLA's), which is how it is tested before a GPU run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import run as bench
+from scale_ablation import attention, experiment, policies, train
+
+POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
+            "learned", "learned_per_head", "log_length", "qk_layernorm", "qk_rmsnorm")
+# bf16 keeps 8 significant bits, so one ulp at 1 is 2⁻⁷; two bf16 kernels that round q·s,
+# the logits and the probabilities at different points differ by a few ulps. Allow 8.
+TOLERANCE = 8 * 2.0**-7
+
+
+def check_fused(head_dim: int = 64) -> dict[str, float]:
+    keys = jax.random.split(jax.random.key(0), 4)
+    shape = (4, 128, 4, head_dim)
+    q, k, v = (jax.random.normal(key, shape, jnp.bfloat16) for key in keys[:3])
+    errors = {}
+    for spec in POLICIES:
+        policy = policies.get(spec)
+        params = jax.tree.map(lambda p: p * 1.1, policy.init(keys[3], num_heads=4,
+                                                                head_dim=head_dim))
+
+        def loss(q, k, v, params, implementation, policy=policy):
+            out = attention.attend(q, k, v, policy=policy, params=params,
+                                   implementation=implementation)
+            return out.astype(jnp.float32).sum(), out
+
+        results = {impl: jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True),
+                                 static_argnums=4)(q, k, v, params, impl)
+                   for impl in ("reference", "fused")}
+        (_, out_ref), grads_ref = results["reference"]
+        (_, out_fused), grads_fused = results["fused"]
+        diff = float(jnp.abs(out_ref.astype(jnp.float32) - out_fused.astype(jnp.float32)).max())
+        grad_diff = max(
+            float(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)).max()
+                  / (jnp.abs(a.astype(jnp.float32)).max() + 1e-6))
+            for a, b in zip(jax.tree.leaves(grads_ref), jax.tree.leaves(grads_fused), strict=True)
+        )
+        errors[spec] = max(diff, grad_diff)
+        print(f"fused vs reference  {spec:<18} out {diff:.2e}  grads (relative) {grad_diff:.2e}",
+              flush=True)
+    return errors
+
+
+def check_training(steps: int = 100) -> dict:
+    config = experiment.load_config("experiments/base.py")
+    config = experiment.apply_overrides(config, {
+        "train.steps": steps, "train.dtype": "bfloat16", "train.log_every": 25,
+        "train.eval_every": steps, "train.diag_every": 50, "checkpoint.every": 0,
+        "wandb.mode": "disabled",
+        "model.attention_impl": "fused" if jax.devices()[0].platform != "cpu" else "reference",
+    })
+    with tempfile.TemporaryDirectory() as workdir:
+        summary = train.train(config, workdir)
+        first = next(row for row in train.tracking.RunFiles(workdir).read_metrics()
+                     if "train/loss" in row)
+    print(f"bf16 run: {summary['status']}, train loss {first['train/loss']:.3f} at step "
+          f"{first['step']} -> {summary['final_train_loss']:.3f} at step {steps}", flush=True)
+    return {"summary": summary, "first_logged_loss": first["train/loss"]}
+
+
+def main() -> int:
+    print(json.dumps(bench.machine()), flush=True)
+    errors = check_fused()
+    run = check_training()
+    config = bench.benchmark_config()
+    peak = bench.matmul_peak_gflops(reps=5)
+    seconds, num_params = bench.step_seconds(config, reps=5)
+    tokens_per_s = config.train.batch_size * config.data.seq_len / seconds
+    mfu = tokens_per_s * bench.flops_per_token(config, num_params) / (peak * 1e9)
+    print(f"benchmark config: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} "
+          f"(peak {peak:,.0f} GFLOP/s measured here)", flush=True)
+    failed = [spec for spec, err in errors.items() if not err <= TOLERANCE]
+    trained = (run["summary"]["status"] == "completed"
+               and run["summary"]["final_train_loss"] < run["first_logged_loss"])
+    print(f"RESULT fused_agrees={not failed} trains={trained}"
+          + (f" failed_policies={failed}" if failed else ""), flush=True)
+    return 0 if not failed and trained else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Accelerator check, about five minutes on one GPU: fused (cuDNN) vs reference attention in
+# bf16 for every scalar and learned policy, a 100-step bf16 training run, tokens/s and MFU.
+# Output goes to stdout and to benchmarks/results/gpu_check_<device>_<date>.txt.
+#   bash benchmarks/gpu_check.sh            # installs .[cuda12] into .venv if jax sees no GPU
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import jax, sys; sys.exit(jax.devices()[0].platform != 'gpu')" 2>/dev/null \
+   && command -v nvidia-smi >/dev/null; then
+  .venv/bin/pip install --quiet -e '.[cuda12]'
+fi
+mkdir -p benchmarks/results
+device=$(.venv/bin/python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
+out="benchmarks/results/gpu_check_${device}_$(date +%Y-%m-%d).txt"
+WANDB_MODE=disabled .venv/bin/python -m benchmarks.gpu_check 2>&1 | tee "$out"
+exit "${PIPESTATUS[0]}"
