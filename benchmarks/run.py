@@ -191,7 +191,7 @@ def _unjitted_step(config):
 
 def scalar_policy_compiles(config) -> int:
     """Train-step compilations for in-process runs through six scalar policies at one d_k."""
-    before = train.compiled_steps.cache_info().currsize if hasattr(train, "compiled_steps") else 0
+    before = train.train_step_compilations()
     tmp = tempfile.mkdtemp()
     try:
         for spec in SCALAR_POLICIES:
@@ -200,8 +200,7 @@ def scalar_policy_compiles(config) -> int:
                 "train.diag_every": 0, "checkpoint.every": 0, "wandb.mode": "disabled",
             })
             train.train(run_config, os.path.join(tmp, spec))
-        return train.train_step_compilations() - before if hasattr(
-            train, "train_step_compilations") else -1
+        return train.train_step_compilations() - before
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
