@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import jax
@@ -11,6 +12,22 @@ import orbax.checkpoint as ocp
 
 class CheckpointError(ValueError):
     """A checkpoint that exists but cannot be read back."""
+
+
+def _drop_closed_loop_callbacks(unraisable) -> None:
+    """sys.unraisablehook that drops the "Event loop is closed" callbacks of a failed restore.
+
+    When one read of a damaged checkpoint fails, orbax closes its asyncio loop while other
+    tensorstore reads are still in flight; as each finishes it tries to wake the closed loop and
+    prints a traceback from its own thread. They say nothing beyond the restore's error.
+    """
+    error = unraisable.exc_value
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return
+    _previous_unraisablehook(unraisable)
+
+
+_previous_unraisablehook = sys.unraisablehook
 
 
 class Checkpoints:
@@ -43,15 +60,22 @@ class Checkpoints:
 
     def restore(self, step: int, like: Any) -> Any:
         """The state saved at `step`, shaped and sharded like the pytree `like`."""
+        global _previous_unraisablehook
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        if sys.unraisablehook is not _drop_closed_loop_callbacks:
+            _previous_unraisablehook = sys.unraisablehook
+            sys.unraisablehook = _drop_closed_loop_callbacks
         try:
-            return self._open().restore(step, args=ocp.args.StandardRestore(abstract))
+            state = self._open().restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as error:  # orbax raises many types for a damaged or foreign checkpoint
+            # The hook stays: callbacks of the failed reads keep arriving after this returns.
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise CheckpointError(
                 f"cannot read checkpoint {self.directory}/{step}: {type(error).__name__}: "
                 f"{first_line[:200]}"
             ) from error
+        sys.unraisablehook = _previous_unraisablehook
+        return state
 
     def save(self, step: int, state: Any) -> None:
         manager = self._open()

@@ -32,6 +32,13 @@ def main(argv: list[str]) -> int:
     if _CONFIG.value is None or not _WORKDIR.value:
         print("error: --config and --workdir are required", file=sys.stderr)
         return 2
+    try:
+        # Before the config is touched: config_flags defers a missing file's error to first use,
+        # where it surfaces as a traceback.
+        module, _ = experiment.load_module(flags.FLAGS["config"].config_filename)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     config = _CONFIG.value
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -40,7 +47,6 @@ def main(argv: list[str]) -> int:
         runtime.enable_compilation_cache(_WORKDIR.value)
     try:
         # Probes (no training) define `run(config, workdir)` in their experiment file.
-        module, _ = experiment.load_module(flags.FLAGS["config"].config_filename)
         if hasattr(module, "run"):
             module.run(config, _WORKDIR.value)
             return 0
@@ -53,5 +59,41 @@ def main(argv: list[str]) -> int:
     return EXIT_CODES[summary["status"]]
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with bad flags reported like other bad input: one line, exit 2.
+
+    absl itself prints two lines and exits 1; ml_collections raises AttributeError or KeyError,
+    with a traceback, for an override of a field the config lacks.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        lines = str(error).strip().splitlines()
+        # A ValueError from get_config (an unknown variant) arrives wrapped with its traceback;
+        # any other exception there is a bug in the experiment file: keep the traceback.
+        if len(lines) > 1 and not lines[-1].startswith("ValueError: "):
+            raise
+        message = lines[-1].removeprefix("ValueError: ")
+    except (AttributeError, KeyError) as error:
+        # ml_collections: [AttributeError(]KeyError("'name'\nDid you mean ...?")[)].
+        key_error = error if isinstance(error, KeyError) else (error.args or [None])[0]
+        text = key_error.args[0] if isinstance(key_error, KeyError) and key_error.args else ""
+        name, *hint = str(text).splitlines() or [""]
+        name = name.strip("'\"")
+        overrides = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")]
+        named = [flag for flag in overrides if name in flag.split(".")]
+        if not named:
+            raise
+        message = f"{named[0]}: the config has no field {name!r}. {' '.join(hint)}".strip()
+    except OSError as error:
+        # config_flags defers a missing experiment file's error to the config's first use,
+        # which an override is.
+        if "earlier failure to load" not in str(error):
+            raise
+        message = f"cannot load the experiment file: {str(error).strip().splitlines()[-1].strip()}"
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)

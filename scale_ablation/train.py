@@ -8,6 +8,7 @@ vmaps. `rest` holds non-trained state such as each layer's `ScaleValue`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -42,27 +43,46 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------- optimiser
 
 
-def lr_multiplier(config: ml_collections.ConfigDict) -> optax.Schedule:
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """What the optimiser's program depends on (the peak learning rate is not: it is traced)."""
+
+    steps: int
+    warmup_steps: int
+    grad_clip: float
+    weight_decay: float
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict) -> OptimizerSettings:
+        t = config.train
+        return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay))
+
+
+def lr_multiplier(config: ml_collections.ConfigDict | OptimizerSettings) -> optax.Schedule:
     """Linear warmup to 1, then cosine decay to 0.1 at the last step."""
-    steps, warmup = config.train.steps, config.train.warmup_steps
+    settings = config if isinstance(config, OptimizerSettings) else OptimizerSettings.of(config)
+    steps, warmup = settings.steps, settings.warmup_steps
     cosine = optax.cosine_decay_schedule(1.0, max(steps - warmup, 1), alpha=0.1)
     if warmup <= 0:
         return cosine
     return optax.join_schedules([optax.linear_schedule(0.0, 1.0, warmup), cosine], [warmup])
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(
+    config: ml_collections.ConfigDict | OptimizerSettings,
+) -> optax.GradientTransformation:
     """AdamW with clipping and the schedule; the peak learning rate is applied outside, from
     the state, so that runs differing only in lr share one compiled program (and vmap)."""
+    settings = config if isinstance(config, OptimizerSettings) else OptimizerSettings.of(config)
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    schedule = lr_multiplier(config)
+    schedule = lr_multiplier(settings)
     parts = [
         optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
-        optax.add_decayed_weights(config.train.weight_decay, mask=decay_mask),
+        optax.add_decayed_weights(settings.weight_decay, mask=decay_mask),
         optax.scale_by_schedule(lambda count: -schedule(count)),
     ]
-    if config.train.grad_clip > 0:
-        parts.insert(0, optax.clip_by_global_norm(config.train.grad_clip))
+    if settings.grad_clip > 0:
+        parts.insert(0, optax.clip_by_global_norm(settings.grad_clip))
     return optax.chain(*parts)
 
 
@@ -107,6 +127,30 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
         return new_state, metrics
 
     return train_step
+
+
+# One set of jitted steps per (graphdef, optimiser settings, z_loss), kept for the process.
+_COMPILED: dict[tuple, tuple] = {}
+
+
+def compiled_steps(graphdef, settings: OptimizerSettings, z_loss: float) -> tuple:
+    """Jitted (train, eval, diagnostics) steps for a model structure and optimiser.
+
+    Shared so that runs in one process (a sweep) with the same graphdef, such as every scalar
+    policy at one d_k, or runs differing only in seed or learning rate, reuse one program.
+    """
+    key = (graphdef, settings, z_loss)
+    if key not in _COMPILED:
+        train_step = make_train_step(graphdef, make_optimizer(settings), z_loss)
+        _COMPILED[key] = (jax.jit(train_step, donate_argnums=0),
+                          jax.jit(make_eval_step(graphdef)),
+                          jax.jit(make_diagnostics_step(graphdef)))
+    return _COMPILED[key]
+
+
+def train_step_compilations() -> int:
+    """Programs compiled so far by the shared train steps of this process."""
+    return sum(steps[0]._cache_size() for steps in _COMPILED.values())
 
 
 def make_eval_step(graphdef):
@@ -183,6 +227,15 @@ def _normalise(value):
     return list(value) if isinstance(value, tuple) else value
 
 
+def _check_same_run(files: tracking.RunFiles, config: ml_collections.ConfigDict,
+                    workdir: str) -> None:
+    """Raise ConfigError if the run stored in `workdir` had different identity fields."""
+    changed = changed_identity_fields(files.read_config() or {}, config.to_dict())
+    if changed:
+        raise ConfigError(f"workdir {workdir} holds a run with a different config: "
+                          f"{', '.join(changed)} differ; use a new --workdir")
+
+
 def init_state(config: ml_collections.ConfigDict, tx) -> tuple[Any, TrainState]:
     model = build_model(config, nnx.Rngs(params=config.train.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -242,6 +295,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     files = tracking.RunFiles(workdir)
     previous = files.read_summary() if os.path.isdir(workdir) else None
     if previous and previous.get("status") in ("completed", "diverged"):
+        # A finished run is returned as it is, but only for the config that produced it.
+        _check_same_run(files, config, workdir)
         return previous
 
     try:
@@ -252,12 +307,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep)
         resume_step = checkpoints.latest_step()
         if resume_step is not None:
-            stored = files.read_config() or {}
-            changed = changed_identity_fields(stored, config.to_dict())
-            if changed:
-                raise ValueError(f"workdir {workdir} holds a run with a different config: "
-                                 f"{', '.join(changed)} differ; use a new --workdir")
+            _check_same_run(files, config, workdir)
             state = checkpoints.restore(resume_step, state)
+            # The learning rate lives in the state (traced); a resumed run uses the config's,
+            # so that config.json and the logged train/lr say what was used.
+            state["lr"] = jnp.asarray(config.train.lr, jnp.float32)
     except (ValueError, CheckpointError) as error:
         raise ConfigError(str(error)) from error
 
@@ -273,7 +327,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
         resume_step=resume_step, enable=is_writer,
     )
     try:
-        summary = _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker,
+        summary = _loop(config, workdir, source, graphdef, state, checkpoints, tracker,
                         batch_sharding, previous)
     except Exception as error:
         tracker.write_summary(status="failed", error=f"{type(error).__name__}: {error}")
@@ -285,12 +339,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
     return summary
 
 
-def _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker, batch_sharding,
+def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_sharding,
           previous) -> dict:
     t = config.train
-    train_step = jax.jit(make_train_step(graphdef, tx, t.z_loss), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(graphdef))
-    diagnostics_step = jax.jit(make_diagnostics_step(graphdef))
+    train_step, eval_step, diagnostics_step = compiled_steps(
+        graphdef, OptimizerSettings.of(config), float(t.z_loss))
     val_batches = [
         to_device_batch(b, batch_sharding)
         for b in source.val_batches(t.batch_size, config.data.seq_len, config.data.val_batches)
@@ -326,7 +379,10 @@ def _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker, ba
             **extra,
         }
         tracker.write_summary(**summary)
-        return summary
+        # Field for field what summary.json holds, so that rerunning a finished run (which
+        # returns summary.json) gives back an equal dict.
+        return {**dict.fromkeys(tracking.SUMMARY_FIELDS), **summary,
+                "wandb_run_id": tracker.wandb.run_id}
 
     with _PreemptionFlag() as preemption:
         for step in range(start_step, t.steps):
@@ -369,6 +425,14 @@ def _loop(config, workdir, source, graphdef, tx, state, checkpoints, tracker, ba
                 _progress(done, t.steps, row, timed_steps, timed_seconds, tokens_per_step)
             if config.checkpoint.every and done % config.checkpoint.every == 0:
                 checkpoints.save(done, state)
+    if start_step >= t.steps:
+        # Killed after the final checkpoint but before summary.json: no step ran here, so the
+        # final train loss comes from the log and the restored parameters are evaluated again.
+        final_rows = [row for row in tracker.files.read_metrics() if row["step"] == t.steps]
+        last["train/loss"] = next(
+            (row["train/loss"] for row in final_rows if "train/loss" in row), None
+        )
+        evaluate(t.steps)
     checkpoints.save(t.steps, state)
     return finish("completed", t.steps)
 
