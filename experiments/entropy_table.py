@@ -32,9 +32,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.n_keys = 3  # keys per query, as in the article
     config.n_samples = 20_000  # queries per cell
     config.seed = 0
-    # main.py reads train.compilation_cache for every experiment; the eager ops here compile
-    # once per d_k (seconds each), which the persistent cache saves on a rerun.
-    config.train = ml_collections.ConfigDict({"compilation_cache": True})
     if arg == "quick":
         config.n_samples = 2_000
     elif arg:

@@ -42,14 +42,18 @@ def main(argv: list[str]) -> int:
     config = _CONFIG.value
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    if hasattr(module, "run"):
+        # Probes (no training) define `run(config, workdir)` and validate their own config.
+        try:
+            module.run(config, _WORKDIR.value)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return 0
     runtime.maybe_initialize(_DISTRIBUTED.value)
     if config.train.get("compilation_cache", True):
         runtime.enable_compilation_cache(_WORKDIR.value)
     try:
-        # Probes (no training) define `run(config, workdir)` in their experiment file.
-        if hasattr(module, "run"):
-            module.run(config, _WORKDIR.value)
-            return 0
         summary = train(config, _WORKDIR.value)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
