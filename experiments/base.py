@@ -53,6 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.eval_every = 200
     train.diag_every = 100  # 0 disables attention diagnostics
     train.eval_seq_lens = ()  # extra validation lengths (e.g. 2n, 4n): `val/loss@LEN`
+    train.fsdp = 1  # devices per FSDP group (parameters and optimiser state split); 1 = pure DP
     train.compilation_cache = True  # persistent XLA cache beside the workdir
 
     config.checkpoint = checkpoint = ml_collections.ConfigDict()

@@ -17,6 +17,8 @@ HEAD_DIMS = (16, 64, 256, 1024)
 
 
 def get_config(arg: str | None = None):
+    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
+        raise ValueError(f"experiments/dk_sweep.py: unknown variant {arg!r} (quick, gpu)")
     config = base.get_config("gpu" if arg != "quick" else "quick")
     config.model.num_heads = 2 if arg == "quick" else 4
     config.wandb.tags = ("dk_sweep",)

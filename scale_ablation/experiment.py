@@ -51,18 +51,22 @@ def load_grid(spec: str) -> list[Overrides]:
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Overrides):
-    """A copy of `config` with dotted-key overrides applied; unknown keys raise ValueError."""
+    """A copy of `config` with dotted-key overrides applied; an unknown key or a value of the
+    wrong type raises ValueError."""
     config = ml_collections.ConfigDict(config.to_dict())
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
         node = config
-        for part in parents:
-            if part not in node:
+        for depth, part in enumerate([*parents, leaf]):
+            # `in` on a leaf value would test membership in it (a substring of a string field).
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
                 raise ValueError(f"override {key!r}: config has no field {part!r}")
-            node = node[part]
-        if leaf not in node:
-            raise ValueError(f"override {key!r}: config has no field {leaf!r}")
-        node[leaf] = value
+            if depth < len(parents):
+                node = node[part]
+        try:
+            node[leaf] = value
+        except TypeError as error:  # ml_collections refuses to change a field's type
+            raise ValueError(f"override {key!r}: {error}") from None
     return config
 
 

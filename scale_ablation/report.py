@@ -94,6 +94,19 @@ def summarise_run(run: dict) -> dict:
     }
 
 
+# The table's own axes: every other override of a grid point makes a separate row (a variant),
+# so that runs differing in, say, init gain or learning rate are never averaged together.
+_TABLE_AXES = ("policy", "model.head_dim", "train.seed")
+
+
+def _variant(row: dict, also_ignore: tuple[str, ...] = ()) -> str:
+    """The policy plus the run's other overrides: `inv_sqrt_dk (init_gain=2.0)`."""
+    extras = [f"{key.split('.')[-1]}={value}" for name, value in row.items()
+              if name.startswith("override:")
+              and (key := name.removeprefix("override:")) not in (*_TABLE_AXES, *also_ignore)]
+    return row["policy"] + (f" ({', '.join(extras)})" if extras else "")
+
+
 def _cell(rows: list[dict]) -> str:
     done = [r["final_val_bpb"] for r in rows if r["status"] == "completed"
             and r["final_val_bpb"] is not None]
@@ -113,37 +126,41 @@ def _cell(rows: list[dict]) -> str:
 
 
 def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
-    """Wortsman et al. 2023: E_lr[min(loss(lr), loss_init) − min_lr loss(lr)], per policy and
-    d_k, from final validation losses (a diverged run counts as loss_init)."""
+    """Wortsman et al. 2023: E_lr[min(loss(lr), loss_init) − min_lr loss(lr)], per variant and
+    d_k, from final validation losses (a diverged run counts as loss_init). Each learning rate
+    weighs the same: its loss is the mean over its runs (seeds) of min(loss, loss_init)."""
     groups = defaultdict(list)
     for r in rows:
-        groups[(r["policy"], r["d_k"])].append(r)
+        groups[(_variant(r, also_ignore=("train.lr",)), r["d_k"])].append(r)
     out = {}
-    for (policy, d_k), group in groups.items():
+    for (variant, d_k), group in groups.items():
         if len({r["lr"] for r in group}) < 2:
             continue
         init = [r["initial_val_loss"] for r in group if r["initial_val_loss"] is not None]
         if not init:
             continue
         loss_init = statistics.fmean(init)
-        losses = [min(r["final_val_loss"], loss_init) if r["status"] == "completed"
-                  and r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"])
-                  else loss_init for r in group]
-        out[f"{policy} d_k={d_k}"] = statistics.fmean(losses) - min(losses)
+        by_lr = defaultdict(list)
+        for r in group:
+            finite = (r["status"] == "completed" and r["final_val_loss"] is not None
+                      and math.isfinite(r["final_val_loss"]))
+            by_lr[r["lr"]].append(min(r["final_val_loss"], loss_init) if finite else loss_init)
+        losses = [statistics.fmean(values) for values in by_lr.values()]
+        out[f"{variant} d_k={d_k}"] = statistics.fmean(losses) - min(losses)
     return out
 
 
 def write_markdown(rows: list[dict], path: str) -> None:
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    variants = list(dict.fromkeys(_variant(r) for r in rows))
     head_dims = sorted({r["d_k"] for r in rows})
     lines = ["# Final validation bits per byte", "",
              "Mean ± std over seeds of completed runs; diverged runs marked with their step.", "",
              "| policy | " + " | ".join(f"d_k={d}" for d in head_dims) + " |",
              "|---|" + "---|" * len(head_dims)]
-    for policy in policies:
-        cells = [_cell([r for r in rows if r["policy"] == policy and r["d_k"] == d])
+    for variant in variants:
+        cells = [_cell([r for r in rows if _variant(r) == variant and r["d_k"] == d])
                  for d in head_dims]
-        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     sensitivity = lr_sensitivity(rows)
     if sensitivity:
         lines += ["", "## LR sensitivity (Wortsman et al. 2023; lower is more robust)", "",
@@ -183,12 +200,12 @@ def plot_curves(runs: list[dict], rows: list[dict], key_fn, ylabel: str, path: s
 def plot_final_vs_dk(rows: list[dict], path: str) -> None:
     fig = Figure(figsize=(5.5, 4))
     ax = fig.subplots()
-    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in rows)):
-        done = sorted((r["d_k"], r["final_val_bpb"]) for r in rows if r["policy"] == policy
+    for i, variant in enumerate(dict.fromkeys(_variant(r) for r in rows)):
+        done = sorted((r["d_k"], r["final_val_bpb"]) for r in rows if _variant(r) == variant
                       and r["status"] == "completed" and r["final_val_bpb"] is not None)
         if done:
-            ax.plot(*zip(*done, strict=True), "o-", color=f"C{i}", label=policy)
-        diverged = [r["d_k"] for r in rows if r["policy"] == policy and r["status"] == "diverged"]
+            ax.plot(*zip(*done, strict=True), "o-", color=f"C{i}", label=variant)
+        diverged = [r["d_k"] for r in rows if _variant(r) == variant and r["status"] == "diverged"]
         if diverged:
             ax.plot(diverged, [ax.get_ylim()[1]] * len(diverged), "x", color=f"C{i}")
     ax.set_xscale("log", base=2)

@@ -23,7 +23,7 @@ from absl import app, flags, logging
 
 from scale_ablation import experiment, policies, report, runtime, tracking
 from scale_ablation.model import layer_policy_specs
-from scale_ablation.train import ConfigError, train, validate
+from scale_ablation.train import ConfigError, changed_identity_fields, train, validate
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
@@ -70,13 +70,33 @@ def run_status(sweep_dir: str, point: Point) -> str:
     return (summary or {}).get("status", "pending")
 
 
-def write_sweep_file(sweep_dir: str, spec: str, points: list[Point]) -> None:
+def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str, str]) -> None:
+    """Raise ValueError if a finished run was made with other identity fields than its point
+    has now (the experiment file changed): skipping it would report a stale result."""
+    for point in points:
+        if statuses[point.name] not in FINISHED:
+            continue
+        workdir = os.path.join(sweep_dir, point.name)
+        stored = tracking.RunFiles(workdir).read_config() or {}
+        changed = changed_identity_fields(stored, point.config.to_dict())
+        if changed:
+            raise ValueError(f"{workdir} holds a finished run with a different config: "
+                             f"{', '.join(changed)} differ; use a new --workdir")
+
+
+def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
+                     outcomes: dict[str, str] | None = None) -> None:
+    """`outcomes` (run name -> status, from this invocation's runner) stand in for runs that
+    left no summary.json: one rejected by `train` before writing anything is "failed"."""
+    outcomes = outcomes or {}
+
+    def status(point: Point) -> str:
+        on_disk = run_status(sweep_dir, point)
+        return outcomes.get(point.name, on_disk) if on_disk == "pending" else on_disk
+
     record = {
         "config": spec,
-        "runs": [
-            {"name": p.name, "overrides": p.overrides, "status": run_status(sweep_dir, p)}
-            for p in points
-        ],
+        "runs": [{"name": p.name, "overrides": p.overrides, "status": status(p)} for p in points],
     }
     os.makedirs(sweep_dir, exist_ok=True)
     path = os.path.join(sweep_dir, "sweep.json")
@@ -114,8 +134,10 @@ class Progress:
               f"{self.counts.get('failed', 0)} failed ({counts}), eta {eta}", flush=True)
 
 
-def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progress) -> bool:
-    """Returns False if the sweep was preempted (stop; rerun to continue)."""
+def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
+                   outcomes: dict[str, str] | None = None) -> bool:
+    """Returns False if the sweep was preempted (stop; rerun to continue). Each run's status
+    goes into `outcomes` (name -> status) when given."""
     for point in todo:
         print(f"[sweep] {point.name}", flush=True)
         try:
@@ -127,6 +149,8 @@ def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progr
             logging.exception("run %s failed", point.name)
             print(f"[sweep] {point.name}: failed: {type(error).__name__}: {error}", flush=True)
             status = "failed"
+        if outcomes is not None:
+            outcomes[point.name] = status
         if status == "preempted":
             return False
         progress.finished(status)
@@ -135,7 +159,7 @@ def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progr
 
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
-                     parallel: int) -> bool:
+                     parallel: int, outcomes: dict[str, str] | None = None) -> bool:
     pending, running = list(todo), {}
     preempted = False
     try:
@@ -157,7 +181,11 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
                 if status == "preempted":
                     preempted = True
                     continue
-                progress.finished(status if status in (*FINISHED, "failed") else "failed")
+                # A process that wrote no summary (bad config: exit 2, or killed) failed.
+                status = status if status in (*FINISHED, "failed") else "failed"
+                if outcomes is not None:
+                    outcomes[point.name] = status
+                progress.finished(status)
                 progress.show(running=len(running))
             if preempted:
                 pending.clear()
@@ -189,6 +217,11 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     statuses = {p.name: run_status(sweep_dir, p) for p in points}
+    try:
+        check_finished_runs(sweep_dir, points, statuses)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     todo = [p for p in points if statuses[p.name] not in FINISHED]
     if _DRY_RUN.value:
         for point in points:
@@ -201,18 +234,23 @@ def main(argv: list[str]) -> int:
     write_sweep_file(sweep_dir, _CONFIG.value, points)
     progress = Progress(len(points), len(points) - len(todo))
     progress.show(running=0)
+    outcomes: dict[str, str] = {}
     try:
         if _PARALLEL.value == 1:
-            complete = run_in_process(_CONFIG.value, sweep_dir, todo, progress)
+            complete = run_in_process(_CONFIG.value, sweep_dir, todo, progress, outcomes)
         else:
-            complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value)
+            complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
+                                        outcomes)
     finally:
-        write_sweep_file(sweep_dir, _CONFIG.value, points)
+        write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes)
     if not complete:
         print("[sweep] preempted: rerun the same command to continue", flush=True)
         return 3
     if _REPORT.value:
-        report.write_report(sweep_dir)
+        try:
+            report.write_report(sweep_dir)
+        except ValueError as error:  # no run got as far as writing its config
+            print(f"[sweep] no report: {error}", flush=True)
     return 0
 
 

@@ -21,11 +21,10 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from scale_ablation import data as data_lib
-from scale_ablation import diagnostics, tracking
+from scale_ablation import diagnostics, sharding, tracking
 from scale_ablation.checkpoints import CheckpointError, Checkpoints
 from scale_ablation.model import build_model
 
@@ -301,9 +300,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
 
     try:
         validate(config)
+        mesh = sharding.make_mesh(config.train.get("fsdp", 1))
         source = data_lib.make_source(config.data, seed=config.train.seed)
         tx = make_optimizer(config)
         graphdef, state = init_state(config, tx)
+        state = jax.device_put(state, sharding.state_shardings(state, mesh))
         checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep)
         resume_step = checkpoints.latest_step()
         if resume_step is not None:
@@ -311,14 +312,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
             state = checkpoints.restore(resume_step, state)
             # The learning rate lives in the state (traced); a resumed run uses the config's,
             # so that config.json and the logged train/lr say what was used.
-            state["lr"] = jnp.asarray(config.train.lr, jnp.float32)
+            state["lr"] = jax.device_put(jnp.asarray(config.train.lr, jnp.float32),
+                                         state["lr"].sharding)
     except (ValueError, CheckpointError) as error:
         raise ConfigError(str(error)) from error
-
-    # Auto axes: jit propagates the batch sharding; the model code needs no sharding annotations.
-    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Auto,))
-    batch_sharding = NamedSharding(mesh, P("data"))
-    state = jax.device_put(state, NamedSharding(mesh, P()))
+    batch_sharding = sharding.batch_sharding(mesh)
 
     is_writer = jax.process_index() == 0
     tracker = tracking.Tracker(

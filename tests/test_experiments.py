@@ -1,0 +1,152 @@
+"""Every experiment file in experiments/, default and `quick` variants, resolves to valid runs.
+
+Files are globbed, so a new experiment is covered without touching this file. A training
+experiment's grid must apply cleanly (no unknown field), give unique run names, and resolve to
+configs that `train.validate` accepts with policy specs the registry knows. Probes (files that
+define `run(config, workdir)`) train nothing and have no grid to check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+
+import ml_collections
+import pytest
+
+from scale_ablation import experiment, policies, train
+from scale_ablation.model import layer_policy_specs
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
+VARIANTS = (None, "quick")
+
+# The issue's specification of the central ablation, written out here rather than imported.
+DK_SWEEP_POLICIES = (
+    "inv_sqrt_dk",
+    "none",
+    "inv_dk",
+    "inv_log_dk",
+    "const:0.1",
+    "learned",
+    "qk_layernorm",
+    "log_length",
+)
+DK_SWEEP_HEAD_DIMS = (16, 64, 256, 1024)
+
+
+def spec_of(path: pathlib.Path, variant: str | None) -> str:
+    return str(path) if variant is None else f"{path}:{variant}"
+
+
+def get(config: ml_collections.ConfigDict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+CASES = [
+    pytest.param(path, variant, id=f"{path.stem}:{variant or 'default'}")
+    for path in EXPERIMENT_FILES
+    for variant in VARIANTS
+]
+
+
+def test_the_glob_finds_the_experiments():
+    names = {p.stem for p in EXPERIMENT_FILES}
+    assert {"base", "dk_sweep", "lr_sensitivity", "learned_scale", "init_gain"} <= names
+    assert {"norm_placement", "precision", "stability", "mqar"} <= names
+
+
+@pytest.mark.parametrize(("path", "variant"), CASES)
+def test_get_config_builds_a_config_dict(path, variant):
+    config = experiment.load_config(spec_of(path, variant))
+    assert isinstance(config, ml_collections.ConfigDict)
+    assert config.to_dict(), f"{path.name}: empty config"
+
+
+# Files that still map any unknown variant to their full-size config (left to their owner).
+ACCEPTS_UNKNOWN_VARIANTS = {"length_generalization"}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(
+            path,
+            id=path.stem,
+            marks=[pytest.mark.xfail(strict=True, reason="unknown variant runs the default")]
+            if path.stem in ACCEPTS_UNKNOWN_VARIANTS
+            else [],
+        )
+        for path in EXPERIMENT_FILES
+    ],
+)
+def test_an_unknown_variant_is_refused(path):
+    # A typo ("quik") must not silently launch the full-size sweep; main and sweep print a
+    # ValueError from get_config as one line.
+    with pytest.raises(ValueError, match="quik"):
+        experiment.load_config(f"{path}:quik")
+
+
+@pytest.mark.parametrize(("path", "variant"), CASES)
+def test_grid_resolves_to_valid_runs(path, variant):
+    spec = spec_of(path, variant)
+    module, arg = experiment.load_module(spec)
+    if hasattr(module, "run"):
+        pytest.skip(f"{path.name} is a probe (run(config, workdir)): no grid")
+    base = module.get_config(arg)
+    grid = list(module.sweep(arg)) if hasattr(module, "sweep") else [{}]
+    assert grid, f"{spec}: empty grid"
+
+    names = []
+    for overrides in grid:
+        config = experiment.apply_overrides(base, overrides)  # raises on an unknown field
+        for key, value in overrides.items():
+            assert get(config, key) == value, f"{spec}: override {key}={value!r} not applied"
+        train.validate(config)
+        specs = layer_policy_specs(config)
+        assert len(specs) == config.model.num_layers
+        for policy_spec in specs:
+            policies.get(policy_spec)
+        names.append(experiment.run_name(overrides))
+    # The base config itself is not touched by applying a point.
+    assert base.to_dict() == module.get_config(arg).to_dict()
+
+    duplicates = {n for n in names if names.count(n) > 1}
+    assert not duplicates, f"{spec}: run names shared by several points: {duplicates}"
+    for name in names:
+        assert name and os.sep not in name and name not in (".", ".."), f"bad run dir {name!r}"
+
+
+def test_quick_dk_sweep_covers_every_policy_at_every_head_dim():
+    spec = spec_of(REPO / "experiments" / "dk_sweep.py", "quick")
+    base = experiment.load_config(spec)
+    pairs = []
+    for overrides in experiment.load_grid(spec):
+        config = experiment.apply_overrides(base, overrides)
+        pairs.append((config.policy, config.model.head_dim))
+    expected = set(itertools.product(DK_SWEEP_POLICIES, DK_SWEEP_HEAD_DIMS))
+    assert set(pairs) == expected
+    # Each cell once per seed: the same number of points in every cell.
+    counts = {pair: pairs.count(pair) for pair in expected}
+    assert len(set(counts.values())) == 1, counts
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("model.no_such_field", 1),
+        ("no_such_group.lr", 1),
+        ("train.lr.deeper", 1),  # below a leaf value
+        ("policy.inv", 1),  # "inv" is a substring of the policy string, not a field
+        ("train.lr", "fast"),  # a field keeps its type
+    ],
+)
+def test_a_bad_override_is_a_value_error(key, value):
+    # The grid check above, and the sweep's one-line exit 2, rely on this being a ValueError.
+    config = experiment.load_config(str(REPO / "experiments" / "base.py"))
+    with pytest.raises(ValueError, match="override"):
+        experiment.apply_overrides(config, {key: value})
