@@ -8,10 +8,22 @@ Variants: default (learns visibly in a couple of minutes on a 2-core CPU), `quic
 smoke checks: seconds), `gpu` (one accelerator).
 """
 
+import os
+
 import ml_collections
+
+VARIANTS = ("quick", "gpu")
+
+
+def check_variant(experiment_file: str, arg: str | None) -> None:
+    """A typo in the variant must not silently launch the full-size experiment."""
+    if arg not in (None, *VARIANTS):
+        name = os.path.basename(experiment_file)
+        raise ValueError(f"experiments/{name}: unknown variant {arg!r} ({', '.join(VARIANTS)})")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    check_variant(__file__, arg)
     config = ml_collections.ConfigDict()
     config.policy = "inv_sqrt_dk"  # scale policy spec, see `scale_ablation.policies.available()`
     config.layer_policies = ""  # optional per-layer specs, comma-separated; overrides `policy`
@@ -80,6 +92,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         data.seq_len = 512
         train.steps, train.batch_size, train.dtype = 5000, 64, "bfloat16"
         train.eval_every, train.diag_every, checkpoint.every = 500, 250, 1000
-    elif arg:
-        raise ValueError(f"experiments/base.py: unknown variant {arg!r} (quick, gpu)")
     return config

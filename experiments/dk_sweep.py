@@ -17,8 +17,7 @@ HEAD_DIMS = (16, 64, 256, 1024)
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
-        raise ValueError(f"experiments/dk_sweep.py: unknown variant {arg!r} (quick, gpu)")
+    base.check_variant(__file__, arg)
     config = base.get_config("gpu" if arg != "quick" else "quick")
     config.model.num_heads = 2 if arg == "quick" else 4
     config.wandb.tags = ("dk_sweep",)
@@ -26,7 +25,7 @@ def get_config(arg: str | None = None):
         config.train.steps = 120
         config.train.warmup_steps = 12
         config.train.log_every = 20
-        config.train.eval_every = 40
+        config.train.eval_every = 20
         config.train.diag_every = 40
         config.checkpoint.every = 60
     else:

@@ -14,8 +14,7 @@ HEAD_DIMS = (16, 64, 256, 1024)
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
-        raise ValueError(f"experiments/learned_scale.py: unknown variant {arg!r} (quick, gpu)")
+    base.check_variant(__file__, arg)
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("learned_scale",)
     config.train.diag_every = 20 if arg == "quick" else 100

@@ -16,8 +16,7 @@ POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "qk_layernorm")
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
-        raise ValueError(f"experiments/lr_sensitivity.py: unknown variant {arg!r} (quick, gpu)")
+    base.check_variant(__file__, arg)
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("lr_sensitivity",)
     config.train.diag_every = 20 if arg == "quick" else 100  # logit growth needs a time series

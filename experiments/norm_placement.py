@@ -17,8 +17,7 @@ VARIANTS = (
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
-        raise ValueError(f"experiments/norm_placement.py: unknown variant {arg!r} (quick, gpu)")
+    base.check_variant(__file__, arg)
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("norm_placement",)
     return config

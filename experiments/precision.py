@@ -12,8 +12,7 @@ from experiments import base
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
-        raise ValueError(f"experiments/precision.py: unknown variant {arg!r} (quick, gpu)")
+    base.check_variant(__file__, arg)
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("precision",)
     return config

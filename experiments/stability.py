@@ -10,8 +10,7 @@ from experiments import base
 
 
 def get_config(arg: str | None = None):
-    if arg not in (None, "quick", "gpu"):  # a typo must not launch the full-size sweep
-        raise ValueError(f"experiments/stability.py: unknown variant {arg!r} (quick, gpu)")
+    base.check_variant(__file__, arg)
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("stability",)
     config.train.lr = 1e-2 if arg == "quick" else 3e-3

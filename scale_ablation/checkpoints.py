@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 import jax
@@ -15,14 +17,21 @@ class CheckpointError(ValueError):
 
 
 def _drop_closed_loop_callbacks(unraisable) -> None:
-    """sys.unraisablehook that drops the "Event loop is closed" callbacks of a failed restore.
+    """sys.unraisablehook that drops the leftovers of a failed restore.
 
     When one read of a damaged checkpoint fails, orbax closes its asyncio loop while other
-    tensorstore reads are still in flight; as each finishes it tries to wake the closed loop and
-    prints a traceback from its own thread. They say nothing beyond the restore's error.
+    tensorstore reads are still in flight; as each finishes it reports either "Event loop is
+    closed" or its own read error from a coroutine nobody awaits any more. They say nothing
+    beyond the restore's error, which is reported once.
     """
     error = unraisable.exc_value
     if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        return
+    code = getattr(unraisable.object, "cr_code", None)
+    frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+    filenames = [code.co_filename] if code else []
+    filenames += [frame.filename for frame in frames]
+    if any(f"{os.sep}orbax{os.sep}" in name for name in filenames):
         return
     _previous_unraisablehook(unraisable)
 
@@ -68,7 +77,9 @@ class Checkpoints:
         try:
             state = self._open().restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as error:  # orbax raises many types for a damaged or foreign checkpoint
-            # The hook stays: callbacks of the failed reads keep arriving after this returns.
+            # The hook stays: callbacks of the failed reads keep arriving after this returns,
+            # and asyncio logs their never-retrieved futures when they are collected.
+            logging.getLogger("asyncio").disabled = True
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise CheckpointError(
                 f"cannot read checkpoint {self.directory}/{step}: {type(error).__name__}: "

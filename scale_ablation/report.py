@@ -72,6 +72,7 @@ def summarise_run(run: dict) -> dict:
     diag_rows = [r for r in metrics if _layer_mean(r, "entropy") is not None]
     last_diag = diag_rows[-1] if diag_rows else {}
     max_logits = [v for _, v in _series(metrics, lambda r: _layer_max(r, "max_abs_logit"))]
+    last_eval = next((r for r in reversed(metrics) if r.get("val/loss") is not None), {})
     return {
         "name": run["name"],
         "policy": run["config"]["policy"],
@@ -91,6 +92,9 @@ def summarise_run(run: dict) -> dict:
         "max_attention_logit": max(max_logits) if max_logits else None,
         "initial_val_loss": next((r["val/loss"] for r in metrics
                                   if r.get("step") == 0 and r.get("val/loss") is not None), None),
+        # Accuracy (MQAR recall) and the longer evaluation lengths, from the last evaluation.
+        **{f"final_{key}": value for key, value in last_eval.items()
+           if key.startswith("val/") and key not in ("val/loss", "val/bpb")},
     }
 
 
@@ -107,9 +111,8 @@ def _variant(row: dict, also_ignore: tuple[str, ...] = ()) -> str:
     return row["policy"] + (f" ({', '.join(extras)})" if extras else "")
 
 
-def _cell(rows: list[dict]) -> str:
-    done = [r["final_val_bpb"] for r in rows if r["status"] == "completed"
-            and r["final_val_bpb"] is not None]
+def _cell(rows: list[dict], key: str = "final_val_bpb") -> str:
+    done = [r[key] for r in rows if r["status"] == "completed" and r.get(key) is not None]
     diverged = [r for r in rows if r["status"] == "diverged"]
     text = ""
     if done:
@@ -150,17 +153,26 @@ def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def write_markdown(rows: list[dict], path: str) -> None:
+def _table(rows: list[dict], key: str, title: str) -> list[str]:
     variants = list(dict.fromkeys(_variant(r) for r in rows))
     head_dims = sorted({r["d_k"] for r in rows})
-    lines = ["# Final validation bits per byte", "",
+    lines = [f"# {title}", "",
              "Mean ± std over seeds of completed runs; diverged runs marked with their step.", "",
              "| policy | " + " | ".join(f"d_k={d}" for d in head_dims) + " |",
              "|---|" + "---|" * len(head_dims)]
     for variant in variants:
-        cells = [_cell([r for r in rows if _variant(r) == variant and r["d_k"] == d])
+        cells = [_cell([r for r in rows if _variant(r) == variant and r["d_k"] == d], key)
                  for d in head_dims]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_markdown(rows: list[dict], path: str) -> None:
+    lines = _table(rows, "final_val_bpb", "Final validation bits per byte")
+    extra_keys = sorted({k for r in rows for k in r
+                         if k.startswith("final_val/") and r.get(k) is not None})
+    for key in extra_keys:  # accuracy, longer evaluation lengths
+        lines += ["", *_table(rows, key, f"Final {key.removeprefix('final_')}")]
     sensitivity = lr_sensitivity(rows)
     if sensitivity:
         lines += ["", "## LR sensitivity (Wortsman et al. 2023; lower is more robust)", "",
@@ -192,8 +204,8 @@ def plot_curves(runs: list[dict], rows: list[dict], key_fn, ylabel: str, path: s
         ax.set_xlabel("step")
     axes[0].set_ylabel(ylabel)
     handles = {line.get_label(): line for ax in axes for line in ax.get_lines()}
-    fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=7)
-    fig.tight_layout()
+    fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=7)
+    fig.tight_layout(rect=(0, 0, 0.88, 1))  # room on the right for the legend
     fig.savefig(path, dpi=110)
 
 

@@ -195,6 +195,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
                          f"{jax.device_count()} devices")
     if d.seq_len <= 0 or (m.positions == "learned" and d.seq_len > m.max_seq_len):
         raise ValueError(f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len={m.max_seq_len}")
+    for seq_len in t.get("eval_seq_lens", ()):
+        if seq_len <= 0 or (m.positions == "learned" and seq_len > m.max_seq_len):
+            raise ValueError(f"train.eval_seq_lens: {seq_len} must be in 1..model.max_seq_len="
+                             f"{m.max_seq_len} with learned positions (rotary has no limit)")
     for field in ("log_every", "eval_every", "diag_every"):
         if t[field] < 0:
             raise ValueError(f"train.{field} must be >= 0, got {t[field]}")
@@ -342,10 +346,13 @@ def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_
     t = config.train
     train_step, eval_step, diagnostics_step = compiled_steps(
         graphdef, OptimizerSettings.of(config), float(t.z_loss))
-    val_batches = [
-        to_device_batch(b, batch_sharding)
-        for b in source.val_batches(t.batch_size, config.data.seq_len, config.data.val_batches)
-    ]
+    def validation_set(seq_len):
+        return [to_device_batch(b, batch_sharding)
+                for b in source.val_batches(t.batch_size, seq_len, config.data.val_batches)]
+
+    val_batches = validation_set(config.data.seq_len)
+    # Longer validation sequences, for length generalisation: `val/loss@LEN`.
+    longer_val = {n: validation_set(n) for n in t.get("eval_seq_lens", ())}
     schedule = lr_multiplier(config)
     dropout_root = jax.random.key(t.seed + 1)
     tokens_per_step = t.batch_size * config.data.seq_len
@@ -355,13 +362,24 @@ def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_
     timed_steps, timed_seconds = 0, 0.0
     last = {"train/loss": None, "val/loss": None, "val/bpb": None}
 
-    def evaluate(step):
-        totals = np.zeros(3)
-        for batch in val_batches:
+    def mean_loss(batches) -> tuple[float, float]:
+        totals = np.zeros(3)  # summed loss, weight, correct predictions
+        for batch in batches:
             totals += np.asarray(jax.device_get(eval_step(state, batch)), dtype=np.float64)
-        loss = totals[0] / totals[1]
+        return totals[0] / totals[1], totals[2] / totals[1]
+
+    def evaluate() -> dict[str, float]:
+        loss, accuracy = mean_loss(val_batches)
         last.update({"val/loss": loss, "val/bpb": loss / math.log(2)})
-        return {"val/loss": loss, "val/bpb": loss / math.log(2), "val/accuracy": totals[2] / totals[1]}
+        row = {"val/loss": loss, "val/bpb": loss / math.log(2), "val/accuracy": accuracy}
+        for seq_len, batches in longer_val.items():
+            loss, accuracy = mean_loss(batches)
+            row.update({f"val/loss@{seq_len}": loss, f"val/bpb@{seq_len}": loss / math.log(2),
+                        f"val/accuracy@{seq_len}": accuracy})
+        return row
+
+    def diagnose() -> dict[str, float]:
+        return _floats(jax.device_get(diagnostics_step(state, val_batches[0])))
 
     def finish(status: str, step: int, **extra) -> dict:
         summary = {
@@ -382,6 +400,11 @@ def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_
         return {**dict.fromkeys(tracking.SUMMARY_FIELDS), **summary,
                 "wandb_run_id": tracker.wandb.run_id}
 
+    if start_step == 0 and (t.eval_every or t.diag_every):
+        # The model at initialisation: the reference for LR sensitivity and for how far
+        # training moves the attention statistics.
+        tracker.log(0, {**(evaluate() if t.eval_every else {}),
+                        **(diagnose() if t.diag_every else {})})
     with _PreemptionFlag() as preemption:
         for step in range(start_step, t.steps):
             if preemption.signal is not None:
@@ -414,9 +437,9 @@ def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_
                 if timed_seconds:
                     row["perf/tokens_per_second"] = tokens_per_step * timed_steps / timed_seconds
             if _due(t.eval_every, done, t.steps) or done == t.steps:  # summaries need a final eval
-                row.update(evaluate(done))
+                row.update(evaluate())
             if _due(t.diag_every, done, t.steps):
-                row.update(_floats(jax.device_get(diagnostics_step(state, val_batches[0]))))
+                row.update(diagnose())
             if row:
                 tracker.log(done, row)
             if t.log_every and done % t.log_every == 0:
@@ -430,7 +453,7 @@ def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_
         last["train/loss"] = next(
             (row["train/loss"] for row in final_rows if "train/loss" in row), None
         )
-        evaluate(t.steps)
+        evaluate()
     checkpoints.save(t.steps, state)
     return finish("completed", t.steps)
 

@@ -67,23 +67,7 @@ def test_get_config_builds_a_config_dict(path, variant):
     assert config.to_dict(), f"{path.name}: empty config"
 
 
-# Files that still map any unknown variant to their full-size config (left to their owner).
-ACCEPTS_UNKNOWN_VARIANTS = {"length_generalization"}
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            path,
-            id=path.stem,
-            marks=[pytest.mark.xfail(strict=True, reason="unknown variant runs the default")]
-            if path.stem in ACCEPTS_UNKNOWN_VARIANTS
-            else [],
-        )
-        for path in EXPERIMENT_FILES
-    ],
-)
+@pytest.mark.parametrize("path", [pytest.param(path, id=path.stem) for path in EXPERIMENT_FILES])
 def test_an_unknown_variant_is_refused(path):
     # A typo ("quik") must not silently launch the full-size sweep; main and sweep print a
     # ValueError from get_config as one line.

@@ -103,15 +103,14 @@ def test_attention_columns_recomputed_from_metrics(sweep_dir):
     for run_dir in run_dirs(sweep_dir):
         metrics, row = metrics_rows(run_dir), rows[run_dir.name]
         with_entropy = [m for m in metrics if layer_values(m, "entropy")]
-        if not with_entropy:  # the diverged run stopped before its first diagnostics
-            assert row["final_entropy"] == "" and row["max_attention_logit"] == ""
-            continue
+        assert with_entropy  # every run has its diagnostics at step 0, the diverged one too
         last = layer_values(with_entropy[-1], "entropy")
         checked_layers.add(len(last))
         assert float(row["final_entropy"]) == pytest.approx(statistics.fmean(last), rel=1e-12)
         logits = [v for m in metrics for v in layer_values(m, "max_abs_logit")]
         assert float(row["max_attention_logit"]) == max(logits)
-        assert with_entropy[-1]["step"] == 20  # the diagnostics of the last step
+        if read_json(run_dir / "summary.json")["status"] == "completed":
+            assert with_entropy[-1]["step"] == 20  # the diagnostics of the last step
     assert 2 in checked_layers, "no multi-layer run: the mean over layers went untested"
 
 
@@ -227,11 +226,6 @@ def test_lr_sensitivity_keeps_d_k_and_other_settings_apart():
     assert sorted(got.values()) == pytest.approx(sorted(want))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train.py never evaluates at step 0, so no run has the initial validation loss "
-    "(loss_init) the LR sensitivity needs; remove this mark once it does",
-)
 def test_an_lr_sweep_reports_its_sensitivity(sweep_dir):
     runs = [
         d for d in run_dirs(sweep_dir) if read_json(d / "config.json")["policy"] == "inv_sqrt_dk"
