@@ -333,6 +333,9 @@ class WandbWriter:
         previous_id = (
             self.run_id_path.read_text().strip() if self.run_id_path.exists() else None
         ) or None
+        if os.environ.get("WANDB_MODE") == "":
+            # An exported-but-empty WANDB_MODE means "unset" to us; wandb's settings reject it.
+            del os.environ["WANDB_MODE"]
         settings = wandb.Settings(
             mode=mode,
             init_timeout=_WANDB_INIT_TIMEOUT_SECONDS,
