@@ -340,6 +340,7 @@ class WandbWriter:
             mode=mode,
             init_timeout=_WANDB_INIT_TIMEOUT_SECONDS,
             console="off",  # absl already logs to stderr; capturing it costs a thread
+            quiet=True,  # no run-history sparklines per run: a sweep prints dozens of runs
             save_code=False,
             # Writing requirements.txt (a scan of installed packages) was ~60 of the ~80 ms
             # per init measured here; git, metadata and system stats cost about nothing.
