@@ -57,8 +57,9 @@ if ! installed; then
   [[ -n $dry_run ]] || touch "$stamp"
 fi
 
-# The report is worth having even when some runs failed; the exit status stays the sweep's.
+# The report is worth having even when some runs failed, so it runs here rather than inside the
+# sweep (which writes one only when every run finished); the exit status stays the sweep's.
 status=0
-run "$python" -m scale_ablation.sweep --config="$spec" --workdir="$workdir" ${sweep_args[@]+"${sweep_args[@]}"} || status=$?
+run "$python" -m scale_ablation.sweep --config="$spec" --workdir="$workdir" --noreport ${sweep_args[@]+"${sweep_args[@]}"} || status=$?
 run "$python" -m scale_ablation.report "$workdir"
 exit "$status"

@@ -78,7 +78,8 @@ def test_help_prints_usage(script, env):
 
 def test_local_dry_run_sets_up_venv_then_sweeps_and_reports(env):
     venv = env["VENV"]
-    sweep_args = ["--config=experiments/base.py:quick", "--workdir=runs/x", "--parallel=2"]
+    sweep_args = ["--config=experiments/base.py:quick", "--workdir=runs/x", "--noreport",
+                  "--parallel=2"]
     result = bash(
         "local.sh", "experiments/base.py:quick", "runs/x", "--dry_run", "--parallel=2", env=env
     )
@@ -100,7 +101,7 @@ def test_local_installs_only_when_needed(env, tmp_path):
     result = bash("local.sh", "experiments/base.py:quick", "--dry_run", "--", "--dry_run", env=env)
     assert result.returncode == 0, result.stderr
     python = f"{venv}/bin/python"
-    rest = ["--workdir=runs/base_quick", "--dry_run"]
+    rest = ["--workdir=runs/base_quick", "--noreport", "--dry_run"]
     assert commands(result.stdout) == [
         [python, "-m", "scale_ablation.sweep", "--config=experiments/base.py:quick", *rest],
         [python, "-m", "scale_ablation.report", "runs/base_quick"],
@@ -120,7 +121,9 @@ def test_local_defaults_to_the_quick_dk_sweep(env):
     result = bash("local.sh", "--dry_run", env=env)
     assert result.returncode == 0, result.stderr
     sweep = commands(result.stdout)[-2]
-    assert sweep[-2:] == ["--config=experiments/dk_sweep.py:quick", "--workdir=runs/dk_sweep_quick"]
+    assert sweep[-3:] == [
+        "--config=experiments/dk_sweep.py:quick", "--workdir=runs/dk_sweep_quick", "--noreport"
+    ]
 
 
 @pytest.mark.parametrize(
