@@ -43,15 +43,6 @@ from absl import app, flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from scale_ablation import experiment
 
-_CONFIG = flags.DEFINE_string("config", None, "Experiment spec, experiments/X.py[:arg].")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Root of the runs' directories (default runs/wandb_<experiment>_<arg>)."
-)
-_OUT = flags.DEFINE_string("out", None, "Write the YAML here instead of to stdout.")
-_PROJECT = flags.DEFINE_string("project", None, "W&B project of the sweep.")
-_ENTITY = flags.DEFINE_string("entity", None, "W&B entity (user or team) of the sweep.")
-_NAME = flags.DEFINE_string("name", None, "Sweep name (default <experiment>_<arg>).")
-
 _MAIN = "python -m scale_ablation.main"
 
 
@@ -189,4 +180,14 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # Flags exist only when this file runs as a script: importing it (the tests do) next to
+    # scale_ablation.sweep, which defines --config and --workdir too, must not clash.
+    _CONFIG = flags.DEFINE_string("config", None, "Experiment spec, experiments/X.py[:arg].")
+    _WORKDIR = flags.DEFINE_string(
+        "workdir", None, "Root of the runs' directories (default runs/wandb_<experiment>_<arg>)."
+    )
+    _OUT = flags.DEFINE_string("out", None, "Write the YAML here instead of to stdout.")
+    _PROJECT = flags.DEFINE_string("project", None, "W&B project of the sweep.")
+    _ENTITY = flags.DEFINE_string("entity", None, "W&B entity (user or team) of the sweep.")
+    _NAME = flags.DEFINE_string("name", None, "Sweep name (default <experiment>_<arg>).")
     app.run(main, flags_parser=_parse)

@@ -7,12 +7,14 @@ diverged (both are results), 1 failed, 2 bad input, 3 preempted (resume by rerun
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from scale_ablation import experiment, runtime
+from scale_ablation.checkpoints import CheckpointError
 from scale_ablation.train import ConfigError, train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
@@ -56,7 +58,12 @@ def main(argv: list[str]) -> int:
     try:
         summary = train(config, _WORKDIR.value)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        if isinstance(error.__cause__, CheckpointError):
+            # A failed restore leaves orbax's other reads in flight; at interpreter exit they
+            # print warnings and tracebacks that add nothing to the line above. Nothing of
+            # ours needs tearing down (no run file was opened), so leave at once.
+            os._exit(2)
         return 2
     print(f"{summary['status']}: {_WORKDIR.value} after {summary['steps_completed']} steps, "
           f"final val bpb {summary.get('final_val_bpb')}", flush=True)

@@ -416,10 +416,11 @@ def test_forced_divergence_is_a_result(tmp_path):
     assert read_json(workdir / "config.json")["policy"] == "none"
 
     rows = read_jsonl(workdir / "metrics.jsonl")
-    assert [row["step"] for row in rows] == list(range(1, at + 1))
+    assert [row["step"] for row in rows] == list(range(at + 1))  # step 0: the model at init
     last = rows[-1]
     assert last["train/diverged"] == 1.0
     # Non-finite numbers are written as null: the loss or the gradient norm overflowed.
     assert last["train/loss"] is None or last["train/grad_norm"] is None
-    assert all(math.isfinite(row["train/loss"]) for row in rows[:-1])
+    assert "train/loss" not in rows[0] and "val/loss" in rows[0]
+    assert all(math.isfinite(row["train/loss"]) for row in rows[1:-1])
     assert summary["final_train_loss"] == rows[-2]["train/loss"]  # the last finite one
