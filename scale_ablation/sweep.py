@@ -1,13 +1,16 @@
 r"""Run an experiment's grid: one run directory per point, resumable, in-process or in parallel.
 
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
-      [--parallel=N] [--dry_run]
+      [--parallel=N] [--noensemble] [--dry_run]
 
-Runs execute in this process one after another by default: on a CPU a short run spends more time
-importing JAX, compiling and starting W&B than training, and one process shares all of that
-(and the compiled programs) across the sweep. `--parallel=N` runs N `scale_ablation.main`
-processes at once instead. Rerunning the command skips finished runs (completed or diverged) and
-resumes interrupted ones from their checkpoints. The report is written at the end.
+Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
+compiling and starting W&B than training, and one process shares all of that (and the compiled
+programs) across the sweep. Runs that differ only in a scalar policy's value, the seed or the
+learning rate train together as one vmapped ensemble (`scale_ablation.ensemble`; each keeps its
+own run directory); `--noensemble` trains them one after another. `--parallel=N` runs N
+`scale_ablation.main` processes at once instead. Rerunning the command skips finished runs
+(completed or diverged) and resumes interrupted ones from their checkpoints. The report is
+written at the end.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 
 from absl import app, flags, logging
 
+from scale_ablation import ensemble as ensemble_lib
 from scale_ablation import experiment, policies, report, runtime, tracking
 from scale_ablation.model import layer_policy_specs
 from scale_ablation.train import ConfigError, changed_identity_fields, train, validate
@@ -30,6 +34,9 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirecto
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once; >1 uses one process per run.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and their commands, run nothing.")
 _REPORT = flags.DEFINE_bool("report", True, "Write the report when the sweep ends.")
+_ENSEMBLE = flags.DEFINE_bool(
+    "ensemble", True, "Train runs that differ only in a scalar policy's value, the seed or the "
+    "learning rate as one vmapped program (in-process runner, --parallel=1, only).")
 
 FINISHED = ("completed", "diverged")
 
@@ -135,27 +142,59 @@ class Progress:
 
 
 def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
-                   outcomes: dict[str, str] | None = None) -> bool:
+                   outcomes: dict[str, str] | None = None, ensemble: bool = True) -> bool:
     """Returns False if the sweep was preempted (stop; rerun to continue). Each run's status
-    goes into `outcomes` (name -> status) when given."""
-    for point in todo:
-        print(f"[sweep] {point.name}", flush=True)
-        try:
-            status = train(point.config, os.path.join(sweep_dir, point.name))["status"]
-        except ConfigError as error:
-            print(f"[sweep] {point.name}: error: {error}", flush=True)
-            status = "failed"
-        except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
-            logging.exception("run %s failed", point.name)
-            print(f"[sweep] {point.name}: failed: {type(error).__name__}: {error}", flush=True)
-            status = "failed"
-        if outcomes is not None:
-            outcomes[point.name] = status
-        if status == "preempted":
+    goes into `outcomes` (name -> status) when given. `ensemble`: points that can share one
+    vmapped program (`ensemble.group`) train together."""
+    workdirs = [os.path.join(sweep_dir, point.name) for point in todo]
+    groups = (ensemble_lib.group([p.config for p in todo], workdirs) if ensemble
+              else [[index] for index in range(len(todo))])
+    for indices in groups:
+        points = [todo[index] for index in indices]
+        if len(points) == 1:
+            statuses = [_train_alone(sweep_dir, points[0])]
+        else:
+            progress.show(running=len(points))
+            statuses = _train_together(sweep_dir, points)
+        for point, status in zip(points, statuses, strict=True):
+            if outcomes is not None:
+                outcomes[point.name] = status
+        if "preempted" in statuses:
             return False
-        progress.finished(status)
+        for status in statuses:
+            progress.finished(status)
         progress.show(running=0)
     return True
+
+
+def _train_alone(sweep_dir: str, point: Point) -> str:
+    print(f"[sweep] {point.name}", flush=True)
+    try:
+        return train(point.config, os.path.join(sweep_dir, point.name))["status"]
+    except ConfigError as error:
+        print(f"[sweep] {point.name}: error: {error}", flush=True)
+    except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
+        logging.exception("run %s failed", point.name)
+        print(f"[sweep] {point.name}: failed: {type(error).__name__}: {error}", flush=True)
+    return "failed"
+
+
+def _train_together(sweep_dir: str, points: list[Point]) -> list[str]:
+    names = [point.name for point in points]
+    print(f"[sweep] ensemble of {len(points)}: {', '.join(names)}", flush=True)
+    try:
+        summaries = ensemble_lib.train_ensemble(
+            [p.config for p in points], [os.path.join(sweep_dir, n) for n in names], names)
+    except ConfigError as error:
+        # A member was refused before any file was written: alone, each run says if it is.
+        print(f"[sweep] ensemble not started ({error}): its runs train one by one", flush=True)
+        return [_train_alone(sweep_dir, point) for point in points]
+    except Exception as error:  # members without a result are recorded failed; the sweep goes on
+        logging.exception("ensemble %s failed", names)
+        print(f"[sweep] ensemble failed: {type(error).__name__}: {error}", flush=True)
+        statuses = [run_status(sweep_dir, point) for point in points]
+        return [s if s in FINISHED else "failed" for s in statuses]
+    return [summary["status"] for summary in summaries]
 
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
@@ -234,10 +273,14 @@ def main(argv: list[str]) -> int:
     write_sweep_file(sweep_dir, _CONFIG.value, points)
     progress = Progress(len(points), len(points) - len(todo))
     progress.show(running=0)
+    if _PARALLEL.value > 1 and _ENSEMBLE.value and flags.FLAGS["ensemble"].present:
+        print("[sweep] note: --ensemble is ignored with --parallel > 1 (one process per run)",
+              flush=True)
     outcomes: dict[str, str] = {}
     try:
         if _PARALLEL.value == 1:
-            complete = run_in_process(_CONFIG.value, sweep_dir, todo, progress, outcomes)
+            complete = run_in_process(_CONFIG.value, sweep_dir, todo, progress, outcomes,
+                                      ensemble=_ENSEMBLE.value)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
                                         outcomes)

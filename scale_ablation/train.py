@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -260,7 +262,7 @@ def to_device_batch(batch: data_lib.Batch, sharding: NamedSharding) -> dict:
     }
 
 
-class _PreemptionFlag:
+class PreemptionFlag:
     """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
 
     def __init__(self):
@@ -289,8 +291,29 @@ def run_tags(config: ml_collections.ConfigDict) -> list[str]:
 # --------------------------------------------------------------------------- the run
 
 
-def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
-    """Train (or resume, or skip if already finished) the run in `workdir`; return its summary.
+def dropout_key(seed: int | jax.Array, step: int | jax.Array) -> jax.Array:
+    """The dropout key of `step`: a function of (seed, step) only, so that a resumed run, or an
+    ensemble member (vmapped over `seed`), draws the masks its uninterrupted solo run draws."""
+    return jax.random.fold_in(jax.random.key(seed + 1), step)
+
+
+@dataclasses.dataclass
+class Run:
+    """A run ready to train: its state (restored when resuming), data and checkpoints."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    source: data_lib.DataSource
+    graphdef: Any
+    state: TrainState | None
+    checkpoints: Checkpoints
+    batch_sharding: NamedSharding
+    previous: dict | None  # summary.json of an interrupted attempt
+    resume_step: int | None
+
+
+def set_up(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Run | dict:
+    """The run in `workdir` ready to train, or the summary of a finished one.
 
     Raises ConfigError, before any file in `workdir` is touched, for bad config or workdir.
     """
@@ -320,142 +343,204 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict
                                          state["lr"].sharding)
     except (ValueError, CheckpointError) as error:
         raise ConfigError(str(error)) from error
-    batch_sharding = sharding.batch_sharding(mesh)
+    return Run(config, workdir, source, graphdef, state, checkpoints,
+               sharding.batch_sharding(mesh), previous, resume_step)
 
-    is_writer = jax.process_index() == 0
-    tracker = tracking.Tracker(
-        workdir, config.to_dict(),
-        {**config.wandb.to_dict(), "tags": run_tags(config)},
-        resume_step=resume_step, enable=is_writer,
+
+def open_tracker(run: Run) -> tracking.Tracker:
+    """The run's files and W&B run (config.json written, metrics after a resume cut)."""
+    return tracking.Tracker(
+        run.workdir, run.config.to_dict(),
+        {**run.config.wandb.to_dict(), "tags": run_tags(run.config)},
+        resume_step=run.resume_step, enable=jax.process_index() == 0,
     )
+
+
+def record_failure(tracker: tracking.Tracker, checkpoints: Checkpoints, error: Exception) -> None:
+    """summary.json says `failed` and why; the W&B run and checkpoints are closed."""
+    tracker.write_summary(status="failed", error=f"{type(error).__name__}: {error}")
+    tracker.close(exit_code=1)
+    checkpoints.close()
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> dict:
+    """Train (or resume, or skip if already finished) the run in `workdir`; return its summary.
+
+    Raises ConfigError, before any file in `workdir` is touched, for bad config or workdir.
+    """
+    run = set_up(config, workdir)
+    if not isinstance(run, Run):
+        return run
+    tracker = open_tracker(run)
     try:
-        summary = _loop(config, workdir, source, graphdef, state, checkpoints, tracker,
-                        batch_sharding, previous)
+        summary = _loop(run, tracker)
     except Exception as error:
-        tracker.write_summary(status="failed", error=f"{type(error).__name__}: {error}")
-        tracker.close(exit_code=1)
-        checkpoints.close()
+        record_failure(tracker, run.checkpoints, error)
         raise
     tracker.close(exit_code=0)
-    checkpoints.close()
+    run.checkpoints.close()
     return summary
 
 
-def _loop(config, workdir, source, graphdef, state, checkpoints, tracker, batch_sharding,
-          previous) -> dict:
-    t = config.train
-    train_step, eval_step, diagnostics_step = compiled_steps(
-        graphdef, OptimizerSettings.of(config), float(t.z_loss))
-    def validation_set(seq_len):
-        return [to_device_batch(b, batch_sharding)
-                for b in source.val_batches(t.batch_size, seq_len, config.data.val_batches)]
+def _loop(run: Run, tracker: tracking.Tracker) -> dict:
+    t = run.config.train
+    train_step, _, _ = compiled_steps(run.graphdef, OptimizerSettings.of(run.config),
+                                      float(t.z_loss))
+    recorder = Recorder(run, tracker)
+    state, run.state = run.state, None  # donated by the first step: keep no stale reference
+    recorder.begin(state)
+    with PreemptionFlag() as preemption:
+        for step in range(recorder.start_step, t.steps):
+            if preemption.signal is not None:
+                return recorder.preempt(step, state, preemption.signal)
+            step_started = time.perf_counter()
+            batch = to_device_batch(recorder.train_batch(step), run.batch_sharding)
+            state, metrics = train_step(state, batch, dropout_key(t.seed, step))
+            metrics = jax.device_get(metrics)
+            summary = recorder.record(step, metrics, time.perf_counter() - step_started,
+                                      lambda: state)  # noqa: B023 (called before `state` moves on)
+            if summary is not None:
+                return summary
+    return recorder.complete(state)
 
-    val_batches = validation_set(config.data.seq_len)
-    # Longer validation sequences, for length generalisation: `val/loss@LEN`.
-    longer_val = {n: validation_set(n) for n in t.get("eval_seq_lens", ())}
-    schedule = lr_multiplier(config)
-    dropout_root = jax.random.key(t.seed + 1)
-    tokens_per_step = t.batch_size * config.data.seq_len
-    start_step = int(state["step"])
-    wall_before = (previous or {}).get("wall_seconds", 0.0) or 0.0
-    started = time.perf_counter()
-    timed_steps, timed_seconds = 0, 0.0
-    last = {"train/loss": None, "val/loss": None, "val/bpb": None}
 
-    def mean_loss(batches) -> tuple[float, float]:
+class Recorder:
+    """Everything a run does around its train step: evaluation, diagnostics, logging, progress,
+    checkpoints and the summary. `train` steps one state; `scale_ablation.ensemble` steps many
+    runs' states as one stacked state and hands each run's Recorder its own slice."""
+
+    def __init__(self, run: Run, tracker: tracking.Tracker, label: str = ""):
+        self.config, self.tracker, self.checkpoints = run.config, tracker, run.checkpoints
+        self.source, self.label = run.source, label  # label: a prefix for printed lines
+        t = run.config.train
+        _, self._eval_step, self._diagnostics_step = compiled_steps(
+            run.graphdef, OptimizerSettings.of(run.config), float(t.z_loss))
+        self.val_batches = self._validation_set(run, run.config.data.seq_len)
+        # Longer validation sequences, for length generalisation: `val/loss@LEN`.
+        self.longer_val = {n: self._validation_set(run, n) for n in t.get("eval_seq_lens", ())}
+        self.schedule = lr_multiplier(run.config)
+        self.tokens_per_step = t.batch_size * run.config.data.seq_len
+        self.start_step = int(run.state["step"])
+        self.wall_before = (run.previous or {}).get("wall_seconds", 0.0) or 0.0
+        self.started = time.perf_counter()
+        self.timed_steps, self.timed_seconds = 0, 0.0
+        self.last = {"train/loss": None, "val/loss": None, "val/bpb": None}
+
+    def _validation_set(self, run: Run, seq_len: int) -> list[dict]:
+        batches = self.source.val_batches(self.config.train.batch_size, seq_len,
+                                          self.config.data.val_batches)
+        return [to_device_batch(b, run.batch_sharding) for b in batches]
+
+    def train_batch(self, step: int) -> data_lib.Batch:
+        """This process's rows of the run's batch for `step`, on the host."""
+        return self.source.train_batch(step, self.config.train.batch_size,
+                                       self.config.data.seq_len,
+                                       process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+
+    def _mean_loss(self, state: TrainState, batches) -> tuple[float, float]:
         totals = np.zeros(3)  # summed loss, weight, correct predictions
         for batch in batches:
-            totals += np.asarray(jax.device_get(eval_step(state, batch)), dtype=np.float64)
+            totals += np.asarray(jax.device_get(self._eval_step(state, batch)), dtype=np.float64)
         return totals[0] / totals[1], totals[2] / totals[1]
 
-    def evaluate() -> dict[str, float]:
-        loss, accuracy = mean_loss(val_batches)
-        last.update({"val/loss": loss, "val/bpb": loss / math.log(2)})
+    def _evaluate(self, state: TrainState) -> dict[str, float]:
+        loss, accuracy = self._mean_loss(state, self.val_batches)
+        self.last.update({"val/loss": loss, "val/bpb": loss / math.log(2)})
         row = {"val/loss": loss, "val/bpb": loss / math.log(2), "val/accuracy": accuracy}
-        for seq_len, batches in longer_val.items():
-            loss, accuracy = mean_loss(batches)
+        for seq_len, batches in self.longer_val.items():
+            loss, accuracy = self._mean_loss(state, batches)
             row.update({f"val/loss@{seq_len}": loss, f"val/bpb@{seq_len}": loss / math.log(2),
                         f"val/accuracy@{seq_len}": accuracy})
         return row
 
-    def diagnose() -> dict[str, float]:
-        return _floats(jax.device_get(diagnostics_step(state, val_batches[0])))
+    def _diagnose(self, state: TrainState) -> dict[str, float]:
+        return _floats(jax.device_get(self._diagnostics_step(state, self.val_batches[0])))
 
-    def finish(status: str, step: int, **extra) -> dict:
+    def _finish(self, status: str, step: int, **extra) -> dict:
         summary = {
             "status": status,
             "steps_completed": step,
-            "final_train_loss": last["train/loss"],
-            "final_val_loss": last["val/loss"],
-            "final_val_bpb": last["val/bpb"],
+            "final_train_loss": self.last["train/loss"],
+            "final_val_loss": self.last["val/loss"],
+            "final_val_bpb": self.last["val/bpb"],
             "diverged_at_step": None,
-            "wall_seconds": wall_before + time.perf_counter() - started,
-            "tokens_per_second": tokens_per_step * timed_steps / timed_seconds
-            if timed_seconds else None,
+            "wall_seconds": self.wall_before + time.perf_counter() - self.started,
+            "tokens_per_second": self.tokens_per_step * self.timed_steps / self.timed_seconds
+            if self.timed_seconds else None,
             **extra,
         }
-        tracker.write_summary(**summary)
+        self.tracker.write_summary(**summary)
         # Field for field what summary.json holds, so that rerunning a finished run (which
         # returns summary.json) gives back an equal dict.
         return {**dict.fromkeys(tracking.SUMMARY_FIELDS), **summary,
-                "wandb_run_id": tracker.wandb.run_id}
+                "wandb_run_id": self.tracker.wandb.run_id}
 
-    if start_step == 0 and (t.eval_every or t.diag_every):
-        # The model at initialisation: the reference for LR sensitivity and for how far
-        # training moves the attention statistics.
-        tracker.log(0, {**(evaluate() if t.eval_every else {}),
-                        **(diagnose() if t.diag_every else {})})
-    with _PreemptionFlag() as preemption:
-        for step in range(start_step, t.steps):
-            if preemption.signal is not None:
-                checkpoints.save(step, state)
-                return finish("preempted", step, signal=signal.Signals(preemption.signal).name)
-            step_started = time.perf_counter()
-            batch = to_device_batch(
-                source.train_batch(step, t.batch_size, config.data.seq_len,
-                                   process_index=jax.process_index(),
-                                   process_count=jax.process_count()),
-                batch_sharding,
+    def begin(self, state: TrainState) -> None:
+        t = self.config.train
+        if self.start_step == 0 and (t.eval_every or t.diag_every):
+            # The model at initialisation: the reference for LR sensitivity and for how far
+            # training moves the attention statistics.
+            self.tracker.log(0, {**(self._evaluate(state) if t.eval_every else {}),
+                                 **(self._diagnose(state) if t.diag_every else {})})
+
+    def record(self, step: int, metrics: dict, step_seconds: float,
+               state: Callable[[], TrainState]) -> dict | None:
+        """Logs what `step` is due to log, given its train metrics; returns the summary if the
+        run diverged. `state` gives the state after the step, only when it is needed."""
+        t = self.config.train
+        state = functools.cache(state)  # an ensemble member's slice: cut at most once
+        done = step + 1
+        if step > self.start_step:  # the first step of a process includes compilation
+            self.timed_steps, self.timed_seconds = (self.timed_steps + 1,
+                                                    self.timed_seconds + step_seconds)
+        if not metrics.pop("train/finite"):
+            self.tracker.log(done, {**_floats(metrics), "train/diverged": 1.0})
+            print(f"{self.label}step {done}: non-finite loss or gradient norm, run diverged",
+                  flush=True)
+            return self._finish("diverged", step, diverged_at_step=done)
+        self.last["train/loss"] = float(metrics["train/loss"])
+        row = {}
+        if _due(t.log_every, done, t.steps):
+            row.update(_floats(metrics))
+            row["train/bpb"] = row["train/loss"] / math.log(2)
+            row["train/lr"] = float(t.lr * self.schedule(step))
+            row["perf/step_seconds"] = step_seconds
+            if self.timed_seconds:
+                row["perf/tokens_per_second"] = (self.tokens_per_step * self.timed_steps
+                                                 / self.timed_seconds)
+        if _due(t.eval_every, done, t.steps) or done == t.steps:  # summaries need a final eval
+            row.update(self._evaluate(state()))
+        if _due(t.diag_every, done, t.steps):
+            row.update(self._diagnose(state()))
+        if row:
+            self.tracker.log(done, row)
+        if t.log_every and done % t.log_every == 0:
+            _progress(self.label, done, t.steps, row, self.timed_steps, self.timed_seconds,
+                      self.tokens_per_step)
+        if self.config.checkpoint.every and done % self.config.checkpoint.every == 0:
+            self.checkpoints.save(done, state())
+        return None
+
+    def preempt(self, step: int, state: TrainState, signum: int) -> dict:
+        """Checkpoint `state` (before `step`) and record the run as preempted."""
+        self.checkpoints.save(step, state)
+        return self._finish("preempted", step, signal=signal.Signals(signum).name)
+
+    def complete(self, state: TrainState) -> dict:
+        t = self.config.train
+        if self.start_step >= t.steps:
+            # Killed after the final checkpoint but before summary.json: no step ran here, so
+            # the final train loss comes from the log and the restored parameters are
+            # evaluated again.
+            final_rows = [row for row in self.tracker.files.read_metrics()
+                          if row["step"] == t.steps]
+            self.last["train/loss"] = next(
+                (row["train/loss"] for row in final_rows if "train/loss" in row), None
             )
-            state, metrics = train_step(state, batch, jax.random.fold_in(dropout_root, step))
-            metrics = jax.device_get(metrics)
-            step_seconds = time.perf_counter() - step_started
-            done = step + 1
-            if step > start_step:  # the first step of a process includes compilation
-                timed_steps, timed_seconds = timed_steps + 1, timed_seconds + step_seconds
-            if not metrics.pop("train/finite"):
-                tracker.log(done, {**_floats(metrics), "train/diverged": 1.0})
-                print(f"step {done}: non-finite loss or gradient norm, run diverged", flush=True)
-                return finish("diverged", step, diverged_at_step=done)
-            last["train/loss"] = float(metrics["train/loss"])
-            row = {}
-            if _due(t.log_every, done, t.steps):
-                row.update(_floats(metrics))
-                row["train/bpb"] = row["train/loss"] / math.log(2)
-                row["train/lr"] = float(t.lr * schedule(step))
-                row["perf/step_seconds"] = step_seconds
-                if timed_seconds:
-                    row["perf/tokens_per_second"] = tokens_per_step * timed_steps / timed_seconds
-            if _due(t.eval_every, done, t.steps) or done == t.steps:  # summaries need a final eval
-                row.update(evaluate())
-            if _due(t.diag_every, done, t.steps):
-                row.update(diagnose())
-            if row:
-                tracker.log(done, row)
-            if t.log_every and done % t.log_every == 0:
-                _progress(done, t.steps, row, timed_steps, timed_seconds, tokens_per_step)
-            if config.checkpoint.every and done % config.checkpoint.every == 0:
-                checkpoints.save(done, state)
-    if start_step >= t.steps:
-        # Killed after the final checkpoint but before summary.json: no step ran here, so the
-        # final train loss comes from the log and the restored parameters are evaluated again.
-        final_rows = [row for row in tracker.files.read_metrics() if row["step"] == t.steps]
-        last["train/loss"] = next(
-            (row["train/loss"] for row in final_rows if "train/loss" in row), None
-        )
-        evaluate()
-    checkpoints.save(t.steps, state)
-    return finish("completed", t.steps)
+            self._evaluate(state)
+        self.checkpoints.save(t.steps, state)
+        return self._finish("completed", t.steps)
 
 
 def _due(every: int, done: int, total: int) -> bool:
@@ -467,10 +552,10 @@ def _floats(metrics: dict) -> dict[str, float]:
     return {key: float(value) for key, value in metrics.items()}
 
 
-def _progress(step, total, row, timed_steps, timed_seconds, tokens_per_step) -> None:
+def _progress(label, step, total, row, timed_steps, timed_seconds, tokens_per_step) -> None:
     seconds_per_step = timed_seconds / timed_steps if timed_steps else float("nan")
     eta = (total - step) * seconds_per_step
-    text = f"step {step}/{total}  loss {row.get('train/loss', float('nan')):.4f}"
+    text = f"{label}step {step}/{total}  loss {row.get('train/loss', float('nan')):.4f}"
     if "val/loss" in row:
         text += f"  val {row['val/loss']:.4f}"
     text += f"  {tokens_per_step / seconds_per_step:,.0f} tok/s  eta {eta:.0f}s"
