@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from scale_ablation import data as data_lib
-from scale_ablation import ensemble, experiment, tracking, train
+from scale_ablation import ensemble, experiment, tracking, train, wandb_offline
 from scale_ablation.checkpoints import Checkpoints
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -135,9 +135,9 @@ def test_members_train_as_they_would_alone(trained):
     # Each member is its own W&B run, with the history its metrics.jsonl holds.
     run_ids = set()
     for name, summary in trained["ensemble"].items():
-        (run_dir,) = tracking.find_wandb_run_dirs(root / "ensemble" / name)
+        (run_dir,) = wandb_offline.find_run_dirs(root / "ensemble" / name)
         run_ids.add(summary["wandb_run_id"])
-        history = {r["_step"]: r["train/loss"] for r in tracking.read_wandb_history(run_dir)
+        history = {r["_step"]: r["train/loss"] for r in wandb_offline.read_history(run_dir)
                    if "train/loss" in r and r["train/loss"] == r["train/loss"]}
         logged = {r["step"]: r["train/loss"] for r in rows_of(root / "ensemble" / name)
                   if r.get("train/loss") is not None}

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from scale_ablation import report, tracking
+from scale_ablation import report, wandb_offline
 
 try:  # pytest's default import mode puts tests/ itself on sys.path
     from test_sweep import ENV, GRIDS, REPO, build_report_sweep
@@ -144,8 +144,8 @@ def test_plots_are_png_files(sweep_dir):
 
 
 def test_wandb_table_holds_the_csv(sweep_dir):
-    (run_dir,) = tracking.find_wandb_run_dirs(sweep_dir / "report")
-    tables = [row["summary"] for row in tracking.read_wandb_history(run_dir) if "summary" in row]
+    (run_dir,) = wandb_offline.find_run_dirs(sweep_dir / "report")
+    tables = [row["summary"] for row in wandb_offline.read_history(run_dir) if "summary" in row]
     assert len(tables) == 1 and tables[0]["_type"] == "table-file"
     table = read_json(run_dir / "files" / tables[0]["path"])
     with open(sweep_dir / "report" / "summary.csv", newline="") as f:

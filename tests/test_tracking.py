@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from scale_ablation import tracking
+from scale_ablation import tracking, wandb_offline
 
 FAKE_API_KEY = "f4ke0a1b2c3d4e5f60718293a4b5c6d7e8f90123"  # 40 hex chars, like a real key
 
@@ -280,7 +280,7 @@ def test_offline_run_history_matches_what_was_logged_and_the_jsonl(tmp_path, mon
     (wandb_file,) = run_dir.glob("run-*.wandb")
     assert wandb_file.stat().st_size > 2 * 32768  # records cross LevelDB block boundaries
 
-    history = tracking.read_wandb_history(run_dir)
+    history = wandb_offline.read_history(run_dir)
     jsonl = tracker.files.read_metrics()
     assert [row["_step"] for row in history] == list(range(300))
     assert [row["step"] for row in jsonl] == list(range(300))
@@ -295,7 +295,7 @@ def test_offline_run_history_matches_what_was_logged_and_the_jsonl(tmp_path, mon
     summary = tracker.files.read_summary()
     assert summary["wandb_run_id"] == tracker.wandb.run_id
     assert summary["status"] == "completed" and summary["final_val_loss"] is None
-    wandb_summary = tracking.read_wandb_summary(run_dir)
+    wandb_summary = wandb_offline.read_summary(run_dir)
     assert wandb_summary["status"] == "completed"
     assert wandb_summary["steps_completed"] == 300
     assert wandb_summary["final_train_loss"] == 1.5
@@ -313,7 +313,7 @@ def test_log_table_stores_the_rows(tmp_path):
 
     (reference,) = [
         row["sweep/summary"]
-        for row in tracking.read_wandb_history(writer.run_dir)
+        for row in wandb_offline.read_history(writer.run_dir)
         if "sweep/summary" in row
     ]
     assert reference["_type"] == "table-file"
@@ -328,11 +328,11 @@ def test_wandb_history_reader_stops_at_a_truncated_record(tmp_path):
         writer.log(step, {"train/loss": float(step)})
     writer.finish()
     (wandb_file,) = writer.run_dir.glob("run-*.wandb")
-    complete = tracking.read_wandb_history(wandb_file)
+    complete = wandb_offline.read_history(wandb_file)
 
     killed = tmp_path / "run-killed.wandb"
     killed.write_bytes(wandb_file.read_bytes()[: wandb_file.stat().st_size // 2])
-    partial = tracking.read_wandb_history(killed)
+    partial = wandb_offline.read_history(killed)
 
     assert 0 < len(partial) < len(complete) == 200
     assert partial == complete[: len(partial)]
@@ -391,7 +391,7 @@ def test_wandb_history_reader_handles_block_trailers_and_fragments(tmp_path):
     path = tmp_path / "run-synthetic.wandb"
     path.write_bytes(_leveldb_log(payloads))
 
-    rows = tracking.read_wandb_history(path)
+    rows = wandb_offline.read_history(path)
     assert [(row["_step"], row["train/loss"]) for row in rows] == [
         (0, 0.5),
         (1, 0.25),
@@ -414,9 +414,9 @@ def test_run_id_persists_and_a_second_writer_continues_the_run(tmp_path):
 
     assert second.run_id == first.run_id
     assert second.run_dir != first.run_dir
-    run_dirs = tracking.find_wandb_run_dirs(tmp_path, first.run_id)
+    run_dirs = wandb_offline.find_run_dirs(tmp_path, first.run_id)
     assert run_dirs == [first.run_dir, second.run_dir]
-    assert [row["train/loss"] for d in run_dirs for row in tracking.read_wandb_history(d)] == [
+    assert [row["train/loss"] for d in run_dirs for row in wandb_offline.read_history(d)] == [
         3.0,
         2.0,
     ]

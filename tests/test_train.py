@@ -24,7 +24,7 @@ import jax
 import numpy as np
 import pytest
 
-from scale_ablation import experiment, tracking, train
+from scale_ablation import experiment, train, wandb_offline
 from scale_ablation.checkpoints import Checkpoints
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -164,10 +164,10 @@ def test_shakespeare_run_learns(shakespeare_run):
 
 def test_wandb_offline_history_matches_metrics(shakespeare_run):
     _, workdir, _ = shakespeare_run
-    (run_dir,) = tracking.find_wandb_run_dirs(workdir)
+    (run_dir,) = wandb_offline.find_run_dirs(workdir)
     run_id = read_json(workdir / "summary.json")["wandb_run_id"]
     assert run_id and run_id in run_dir.name
-    history = tracking.read_wandb_history(run_dir)
+    history = wandb_offline.read_history(run_dir)
     rows = read_jsonl(workdir / "metrics.jsonl")
     for key in ("train/loss", "val/loss"):
         from_wandb = {row["_step"]: row[key] for row in history if key in row}
