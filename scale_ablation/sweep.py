@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -197,25 +198,48 @@ def _train_together(sweep_dir: str, points: list[Point]) -> list[str]:
     return [summary["status"] for summary in summaries]
 
 
+def visible_gpus() -> list[str]:
+    """The GPU ids a sweep hands out to its processes: $CUDA_VISIBLE_DEVICES if set, else one
+    per GPU that nvidia-smi lists; none on a machine without NVIDIA GPUs."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [gpu.strip() for gpu in listed.split(",") if gpu.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return [str(i) for i, line in enumerate(result.stdout.splitlines()) if line.startswith("GPU ")]
+
+
+def process_env(slot: int, gpus: list[str]) -> dict[str, str]:
+    """The environment of the run in `slot`: its own GPU, so that N processes on an N-GPU node
+    do not all land on GPU 0 (slots share GPUs round-robin when there are fewer GPUs)."""
+    env = dict(os.environ)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+    return env
+
+
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
                      parallel: int, outcomes: dict[str, str] | None = None) -> bool:
     pending, running = list(todo), {}
+    free_slots, gpus = list(range(parallel)), visible_gpus()
     preempted = False
     try:
         while pending or running:
-            while pending and len(running) < parallel and not preempted:
-                point = pending.pop(0)
+            while pending and free_slots and not preempted:
+                point, slot = pending.pop(0), free_slots.pop(0)
                 log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
-                running[point.name] = (subprocess.Popen(command(spec, sweep_dir, point),
-                                                        stdout=log, stderr=subprocess.STDOUT),
-                                       point, log)
+                process = subprocess.Popen(command(spec, sweep_dir, point), stdout=log,
+                                           stderr=subprocess.STDOUT, env=process_env(slot, gpus))
+                running[point.name] = (process, point, log, slot)
                 progress.show(running=len(running))
             time.sleep(0.5)
-            for name, (process, point, log) in list(running.items()):
+            for name, (process, point, log, slot) in list(running.items()):
                 if process.poll() is None:
                     continue
                 log.close()
                 del running[name]
+                free_slots.append(slot)
                 status = run_status(sweep_dir, point)
                 if status == "preempted":
                     preempted = True
@@ -229,9 +253,9 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
             if preempted:
                 pending.clear()
     except KeyboardInterrupt:
-        for process, _, _ in running.values():
+        for process, _, _, _ in running.values():
             process.terminate()  # each run checkpoints and records itself as preempted
-        for process, _, log in running.values():
+        for process, _, log, _ in running.values():
             process.wait()
             log.close()
         return False

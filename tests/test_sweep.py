@@ -391,3 +391,15 @@ def test_a_changed_experiment_is_refused_on_its_finished_runs(experiment_file, p
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "model.d_model" in lines[0], lines
     assert tree(sweep_dir) == before
+
+
+def test_parallel_runs_get_their_own_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    gpus = sweep.visible_gpus()
+    assert gpus == ["2", "5"]
+    assert [sweep.process_env(slot, gpus)["CUDA_VISIBLE_DEVICES"] for slot in range(3)] == [
+        "2", "5", "2"
+    ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible: nothing to hand out
+    assert sweep.visible_gpus() == []
+    assert sweep.process_env(0, [])["CUDA_VISIBLE_DEVICES"] == ""
