@@ -74,7 +74,7 @@ def query_scale(
 
 
 def fused_unsupported_reason(
-    policy: ScalePolicy, *, dtype, head_dim: int, logits_dtype, dropout: bool
+    policy: ScalePolicy, *, dtype, logits_dtype, dropout: bool
 ) -> str | None:
     """Why the fused kernel cannot compute this attention, or None if it can."""
     if policy.transform_logits is not None:
@@ -132,7 +132,7 @@ def attend(
         raise ValueError(f"implementation must be 'reference' or 'fused', got {implementation!r}")
     if implementation == "fused" and not return_internals:
         reason = fused_unsupported_reason(
-            policy, dtype=q.dtype, head_dim=head_dim, logits_dtype=logits_dtype, dropout=dropout
+            policy, dtype=q.dtype, logits_dtype=logits_dtype, dropout=dropout
         )
         if reason is None:
             q, k = policy.transform_qk(params, q, k)

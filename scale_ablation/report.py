@@ -169,8 +169,10 @@ def _table(rows: list[dict], key: str, title: str) -> list[str]:
 
 def write_markdown(rows: list[dict], path: str) -> None:
     lines = _table(rows, "final_val_bpb", "Final validation bits per byte")
+    # val/loss@N is val/bpb@N times ln 2: one table of the two is enough.
     extra_keys = sorted({k for r in rows for k in r
-                         if k.startswith("final_val/") and r.get(k) is not None})
+                         if k.startswith("final_val/") and not k.startswith("final_val/loss@")
+                         and r.get(k) is not None})
     for key in extra_keys:  # accuracy, longer evaluation lengths
         lines += ["", *_table(rows, key, f"Final {key.removeprefix('final_')}")]
     sensitivity = lr_sensitivity(rows)

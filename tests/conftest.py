@@ -5,8 +5,10 @@ import pathlib
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# The repo root (experiments/) and tests/ itself (tests/helpers.py), whatever pytest's import mode.
+for path in (REPO, REPO / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 # Tests never talk to the W&B server, whatever the user's login: runs (and the subprocesses the
 # tests start, which inherit this environment) write offline run files only.

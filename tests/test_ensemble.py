@@ -7,7 +7,6 @@ does not make: solo runs, an uninterrupted ensemble, a sweep run without ensembl
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import shutil
@@ -18,6 +17,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from helpers import read_json
 
 from scale_ablation import data as data_lib
 from scale_ablation import ensemble, experiment, tracking, train, wandb_offline
@@ -58,8 +58,6 @@ def config_of(*overrides: dict):
     return config
 
 
-def read_json(path) -> dict:
-    return json.loads(pathlib.Path(path).read_text())
 
 
 def rows_of(workdir) -> list[dict]:

@@ -7,7 +7,6 @@ and write, there.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pathlib
 import re
@@ -16,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import snapshot
 
 from scale_ablation import experiment, train
 
@@ -42,16 +42,6 @@ TINY = {
 ABSL_LOG = re.compile(r"^(WARNING|[WI]\d{4} )")
 
 
-def snapshot(directory) -> dict[str, tuple]:
-    out = {}
-    for path in sorted(pathlib.Path(directory).rglob("*")):
-        key = str(path.relative_to(directory))
-        if path.is_file():
-            stat = path.stat()
-            out[key] = (stat.st_size, stat.st_mtime_ns, hashlib.sha256(path.read_bytes()).digest())
-        else:
-            out[key] = ("dir",)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import read_json
 
 from scale_ablation import report, wandb_offline
 
@@ -39,8 +40,6 @@ def sweep_dir(tmp_path_factory) -> pathlib.Path:
     return build_report_sweep(tmp_path_factory.getbasetemp())
 
 
-def read_json(path) -> dict:
-    return json.loads(pathlib.Path(path).read_text())
 
 
 def run_dirs(sweep_dir: pathlib.Path) -> list[pathlib.Path]:

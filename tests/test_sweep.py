@@ -19,6 +19,7 @@ import sys
 import time
 
 import pytest
+from helpers import read_json
 
 from scale_ablation import experiment, report, sweep
 
@@ -116,8 +117,6 @@ def run_sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     )
 
 
-def read_json(path) -> dict:
-    return json.loads(pathlib.Path(path).read_text())
 
 
 def tree(directory: pathlib.Path) -> dict[str, int]:

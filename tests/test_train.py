@@ -8,7 +8,6 @@ on disk before and after a rerun.
 from __future__ import annotations
 
 import collections
-import hashlib
 import importlib.util
 import json
 import math
@@ -23,6 +22,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from helpers import read_json, snapshot
 
 from scale_ablation import experiment, train, wandb_offline
 from scale_ablation.checkpoints import Checkpoints
@@ -59,21 +59,8 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()]
 
 
-def read_json(path) -> dict:
-    return json.loads(pathlib.Path(path).read_text())
 
 
-def snapshot(directory) -> dict[str, tuple]:
-    """Every file and folder under `directory`: (size, mtime_ns, sha256) for files."""
-    out = {}
-    for path in sorted(pathlib.Path(directory).rglob("*")):
-        key = str(path.relative_to(directory))
-        if path.is_file():
-            stat = path.stat()
-            out[key] = (stat.st_size, stat.st_mtime_ns, hashlib.sha256(path.read_bytes()).digest())
-        else:
-            out[key] = ("dir",)
-    return out
 
 
 def assert_run_files(workdir, steps: int) -> list[dict]:
