@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from benchmarks import run as bench
 from scale_ablation import attention, experiment, policies, train
+from scale_ablation.run_files import RunFiles
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
             "learned", "learned_per_head", "log_length", "qk_layernorm", "qk_rmsnorm")
@@ -68,7 +69,7 @@ def check_training(steps: int = 100) -> dict:
     })
     with tempfile.TemporaryDirectory() as workdir:
         summary = train.train(config, workdir)
-        first = next(row for row in train.tracking.RunFiles(workdir).read_metrics()
+        first = next(row for row in RunFiles(workdir).read_metrics()
                      if "train/loss" in row)
     print(f"bf16 run: {summary['status']}, train loss {first['train/loss']:.3f} at step "
           f"{first['step']} -> {summary['final_train_loss']:.3f} at step {steps}", flush=True)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from scale_ablation import attention, data, experiment, train
+from scale_ablation import attention, data, experiment, optim, runs, steps, train
 
 _QUICK = flags.DEFINE_bool("quick", False, "Fewer repetitions and a 4-point sweep slice.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -92,9 +92,9 @@ def flops_per_token(config, num_params: int) -> float:
 def make_stepper(config, *, seed: int = 0):
     """A jitted train step, its initial state and a fixed batch (host data cost excluded)."""
     config = experiment.apply_overrides(config, {"train.seed": seed})
-    tx = train.make_optimizer(config)
-    graphdef, state = train.init_state(config, tx)
-    step = jax.jit(train.make_train_step(graphdef, tx, 0.0), donate_argnums=0)
+    tx = optim.make_optimizer(config)
+    graphdef, state = runs.init_state(config, tx)
+    step = jax.jit(steps.make_train_step(graphdef, tx, 0.0), donate_argnums=0)
     source = data.make_source(config.data, seed=seed)
     raw = source.train_batch(0, config.train.batch_size, config.data.seq_len)
     batch = {name: jnp.asarray(getattr(raw, name)) for name in ("inputs", "targets", "weights")}
@@ -166,9 +166,9 @@ def ensemble_speedup(config, k: int, reps: int) -> dict:
     # Stacked copies first: the sequential loop donates the per-member states.
     holder = {"ensemble": stack(states), "sequential": states}
     ensemble_batch, keys = stack(batches), jax.random.split(key, k)
-    tx = train.make_optimizer(config)
-    graphdef, _ = train.init_state(config, tx)
-    step = train.make_train_step(graphdef, tx, 0.0)
+    tx = optim.make_optimizer(config)
+    graphdef, _ = runs.init_state(config, tx)
+    step = steps.make_train_step(graphdef, tx, 0.0)
     vmapped = jax.jit(jax.vmap(step), donate_argnums=0)
     # One program that steps the members in turn: on a CPU, whose matmuls are compute-bound
     # already, this beats vmap (whose batched matmuls run slower there).
@@ -200,7 +200,7 @@ def ensemble_speedup(config, k: int, reps: int) -> dict:
 
 def scalar_policy_compiles(config) -> int:
     """Train-step compilations for in-process runs through six scalar policies at one d_k."""
-    before = train.train_step_compilations()
+    before = steps.train_step_compilations()
     tmp = tempfile.mkdtemp()
     try:
         for spec in SCALAR_POLICIES:
@@ -209,7 +209,7 @@ def scalar_policy_compiles(config) -> int:
                 "train.diag_every": 0, "checkpoint.every": 0, "wandb.mode": "disabled",
             })
             train.train(run_config, os.path.join(tmp, spec))
-        return train.train_step_compilations() - before
+        return steps.train_step_compilations() - before
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -20,6 +20,8 @@ import numpy as np
 
 from scale_ablation import diagnostics
 
+KIND = "probe"  # measures without training: `scale_ablation.main` calls run()
+
 # Bounds the memory of one draw (chunk × n_keys × d_k floats) on a small machine.
 CHUNK = 4096
 

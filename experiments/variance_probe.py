@@ -26,7 +26,10 @@ from flax import nnx
 from experiments import base
 from scale_ablation import data, diagnostics, experiment, policies
 from scale_ablation.attention import apply_rotary, attend, causal_mask
+from scale_ablation.config import ModelConfig
 from scale_ablation.model import build_model
+
+KIND = "probe"  # measures without training: `scale_ablation.main` calls run()
 
 # Fixed-scale policies act on the raw projections; the last two normalise q, k or the logits.
 RAW_QK = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2", "learned")
@@ -56,7 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def measure(config: ml_collections.ConfigDict, tokens: np.ndarray) -> dict:
     """One grid point: the model's first attention layer at initialisation on `tokens` [B, T]."""
-    model = build_model(config, nnx.Rngs(config.train.seed))
+    model = build_model(ModelConfig.from_config(config), nnx.Rngs(config.train.seed))
     block, attention = model.blocks[0], model.blocks[0].attention
     batch, seq = tokens.shape
     x = model.embed(tokens)  # (B, T, C)

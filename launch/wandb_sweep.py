@@ -39,9 +39,7 @@ from typing import Any
 import yaml
 from absl import app, flags
 
-# Run from a checkout without `pip install -e .`: make the repo root importable.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from scale_ablation import experiment
+from scale_ablation import experiment, runtime
 
 _MAIN = "python -m scale_ablation.main"
 
@@ -161,6 +159,7 @@ def _parse(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> None:
     del argv
     spec = _CONFIG.value
+    runtime.make_experiments_importable(spec)  # the process edge
     name = _NAME.value or _default_name(spec)
     try:
         definition = sweep_definition(

@@ -20,6 +20,7 @@ from absl import logging
 from flax import nnx
 
 from scale_ablation import diagnostics
+from scale_ablation.config import ModelConfig
 from scale_ablation.policies import Params, ScaleContext, ScalePolicy
 
 _WARNED: set[str] = set()
@@ -99,6 +100,26 @@ def fused_implementation(dtype, head_dim: int) -> str | None:
     return "cudnn"
 
 
+def _fused(q, k, v, policy: ScalePolicy, params: Params, *, causal: bool, base_scale):
+    """`jax.nn.dot_product_attention` with the policy's multiplier folded into q."""
+    _, q_len, num_heads, head_dim = q.shape
+    k_len = k.shape[1]
+    q, k = policy.transform_qk(params, q, k)
+    scale = query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=num_heads,
+                        head_dim=head_dim, causal=causal, base_scale=base_scale)
+    q_scaled = (q.astype(jnp.float32) * scale[None, :, :, None]).astype(q.dtype)
+    if causal and q_len != k_len:
+        # jax's is_causal aligns query 0 with key 0; ours puts the last query on the last
+        # key (`causal_mask`), so pass the mask itself, on the XLA path.
+        return jax.nn.dot_product_attention(
+            q_scaled, k, v, scale=1.0, mask=causal_mask(q_len, k_len)[None, None]
+        )
+    return jax.nn.dot_product_attention(
+        q_scaled, k, v, scale=1.0, is_causal=causal,
+        implementation=fused_implementation(q.dtype, head_dim),
+    )
+
+
 def attend(
     q: jax.Array,
     k: jax.Array,
@@ -135,20 +156,7 @@ def attend(
             policy, dtype=q.dtype, logits_dtype=logits_dtype, dropout=dropout
         )
         if reason is None:
-            q, k = policy.transform_qk(params, q, k)
-            scale = query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=num_heads,
-                                head_dim=head_dim, causal=causal, base_scale=base_scale)
-            q_scaled = (q.astype(jnp.float32) * scale[None, :, :, None]).astype(q.dtype)
-            if causal and q_len != k_len:
-                # jax's is_causal aligns query 0 with key 0; ours puts the last query on the last
-                # key (`causal_mask`), so pass the mask itself, on the XLA path.
-                return jax.nn.dot_product_attention(
-                    q_scaled, k, v, scale=1.0, mask=causal_mask(q_len, k_len)[None, None]
-                )
-            return jax.nn.dot_product_attention(
-                q_scaled, k, v, scale=1.0, is_causal=causal,
-                implementation=fused_implementation(q.dtype, head_dim),
-            )
+            return _fused(q, k, v, policy, params, causal=causal, base_scale=base_scale)
         _warn_once(f"fused attention unavailable ({reason}); using the reference path")
 
     q, k = policy.transform_qk(params, q, k)
@@ -243,48 +251,30 @@ class SelfAttention(nnx.Module):
     head_dim is independent of d_model, so d_k can be swept at a fixed model width.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        head_dim: int,
-        *,
-        policy: ScalePolicy,
-        rngs: nnx.Rngs,
-        qk_init_gain: float = 1.0,
-        init: str = "fan_in",
-        dropout_rate: float = 0.0,
-        logits_dtype=jnp.float32,
-        dtype=jnp.float32,
-        rotary: bool = False,
-        implementation: str = "reference",
-    ):
-        if head_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"head_dim and num_heads must be positive, got {head_dim}, {num_heads}")
-        if rotary and head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
+    def __init__(self, model: ModelConfig, policy: ScalePolicy, *, rngs: nnx.Rngs):
+        num_heads, head_dim = model.num_heads, model.head_dim
         inner = num_heads * head_dim
         # The q/k gain is the article's pitfall 1: it changes Var(q·k) by gain⁴.
-        qk_init, other_init = kernel_init(init, qk_init_gain), kernel_init(init)
+        qk_init, other_init = kernel_init(model.init, model.init_gain), kernel_init(model.init)
 
         def linear(fan_in, fan_out, init):
-            return nnx.Linear(fan_in, fan_out, use_bias=False, kernel_init=init, dtype=dtype,
-                              rngs=rngs)
+            return nnx.Linear(fan_in, fan_out, use_bias=False, kernel_init=init,
+                              dtype=model.compute_dtype, rngs=rngs)
 
-        self.query = linear(d_model, inner, qk_init)
-        self.key = linear(d_model, inner, qk_init)
-        self.value = linear(d_model, inner, other_init)
-        self.out = linear(inner, d_model, other_init)
+        self.query = linear(model.d_model, inner, qk_init)
+        self.key = linear(model.d_model, inner, qk_init)
+        self.value = linear(model.d_model, inner, other_init)
+        self.out = linear(inner, model.d_model, other_init)
         self.policy = policy
         self.policy_params = nnx.Param(
             policy.init(rngs.params(), num_heads=num_heads, head_dim=head_dim)
         )
         self.base_scale = ScaleValue(jnp.float32(policy.base_scale(head_dim)))
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.dropout_rate = dropout_rate
-        self.logits_dtype = logits_dtype
-        self.rotary = rotary
-        self.implementation = implementation
+        self.attention_dropout = model.attention_dropout
+        self.logits_dtype = model.attention_logits_dtype
+        self.rotary = model.positions == "rotary"
+        self.attention_impl = model.attention_impl
 
     def __call__(
         self,
@@ -309,8 +299,8 @@ class SelfAttention(nnx.Module):
             causal=True,
             base_scale=self.base_scale[...],
             logits_dtype=self.logits_dtype,
-            implementation=self.implementation,
-            dropout_rate=self.dropout_rate,
+            implementation=self.attention_impl,
+            dropout_rate=self.attention_dropout,
             dropout_key=dropout_key,
             return_internals=with_diagnostics,
         )

@@ -33,10 +33,15 @@ def _drop_closed_loop_callbacks(unraisable) -> None:
     filenames += [frame.filename for frame in frames]
     if any(f"{os.sep}orbax{os.sep}" in name for name in filenames):
         return
-    _previous_unraisablehook(unraisable)
+    sys.__unraisablehook__(unraisable)
 
 
-_previous_unraisablehook = sys.unraisablehook
+def quiet_failed_restores() -> None:
+    """Keep the leftovers of a failed restore off stderr: its one-line error says it all.
+    Process-wide (sys.unraisablehook, asyncio's logger): entry points call it, once."""
+    sys.unraisablehook = _drop_closed_loop_callbacks
+    # The failed reads' never-retrieved futures are logged by asyncio when collected.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 class Checkpoints:
@@ -69,24 +74,15 @@ class Checkpoints:
 
     def restore(self, step: int, like: Any) -> Any:
         """The state saved at `step`, shaped and sharded like the pytree `like`."""
-        global _previous_unraisablehook
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        if sys.unraisablehook is not _drop_closed_loop_callbacks:
-            _previous_unraisablehook = sys.unraisablehook
-            sys.unraisablehook = _drop_closed_loop_callbacks
         try:
-            state = self._open().restore(step, args=ocp.args.StandardRestore(abstract))
+            return self._open().restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as error:  # orbax raises many types for a damaged or foreign checkpoint
-            # The hook stays: callbacks of the failed reads keep arriving after this returns,
-            # and asyncio logs their never-retrieved futures when they are collected.
-            logging.getLogger("asyncio").disabled = True
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             raise CheckpointError(
                 f"cannot read checkpoint {self.directory}/{step}: {type(error).__name__}: "
                 f"{first_line[:200]}"
             ) from error
-        sys.unraisablehook = _previous_unraisablehook
-        return state
 
     def save(self, step: int, state: Any) -> None:
         manager = self._open()

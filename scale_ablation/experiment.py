@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import sys
 import types
 from typing import Any
 
@@ -24,17 +23,29 @@ def load_module(spec: str) -> tuple[types.ModuleType, str | None]:
     file = pathlib.Path(path)
     if not file.is_file():
         raise ValueError(f"experiment file not found: {path}")
-    # Experiment files import each other (`from experiments import base`): make the directory
-    # above experiments/ importable wherever the command runs from.
-    root = str(file.resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
     module_spec = importlib.util.spec_from_file_location(f"experiment_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ValueError(f"experiment file {path} defines no get_config(arg)")
     return module, (arg or None)
+
+
+def import_root(spec: str) -> str:
+    """The directory above the experiment file's folder. Experiment files import each other
+    (`from experiments import base`): entry points put this on sys.path before loading one."""
+    return str(pathlib.Path(spec.partition(":")[0]).resolve().parent.parent)
+
+
+def is_probe(module: types.ModuleType) -> bool:
+    """A probe measures without training: it declares `KIND = "probe"` and defines
+    `run(config, workdir)`; every other experiment file describes training runs."""
+    kind = getattr(module, "KIND", "train")
+    if kind not in ("train", "probe"):
+        raise ValueError(f"{module.__file__}: KIND must be 'train' or 'probe', got {kind!r}")
+    if kind == "probe" and not callable(getattr(module, "run", None)):
+        raise ValueError(f"{module.__file__}: a probe must define run(config, workdir)")
+    return kind == "probe"
 
 
 def load_config(spec: str) -> ml_collections.ConfigDict:

@@ -13,9 +13,10 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scale_ablation import experiment, runtime
+from scale_ablation import checkpoints, experiment, hooks, runtime
 from scale_ablation.checkpoints import CheckpointError
-from scale_ablation.train import ConfigError, train
+from scale_ablation.config import ConfigError
+from scale_ablation.train import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
                                           lock_config=True)
@@ -34,29 +35,30 @@ def main(argv: list[str]) -> int:
     if _CONFIG.value is None or not _WORKDIR.value:
         print("error: --config and --workdir are required", file=sys.stderr)
         return 2
+    spec = flags.FLAGS["config"].config_filename
+    # The process edge: everything process-wide is set here, nowhere in the library.
+    runtime.make_experiments_importable(spec)
+    runtime.normalise_environment()
+    checkpoints.quiet_failed_restores()
     try:
         # Before the config is touched: config_flags defers a missing file's error to first use,
         # where it surfaces as a traceback.
-        module, _ = experiment.load_module(flags.FLAGS["config"].config_filename)
+        module, _ = experiment.load_module(spec)
+        probe = experiment.is_probe(module)
+        extra_hooks = hooks.hooks_from_environment(dict(os.environ))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     config = _CONFIG.value
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    if hasattr(module, "run"):
-        # Probes (no training) define `run(config, workdir)` and validate their own config.
-        try:
-            module.run(config, _WORKDIR.value)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        return 0
+    if probe:
+        return _run_probe(module, config)
     runtime.maybe_initialize(_DISTRIBUTED.value)
     if config.train.get("compilation_cache", True):
         runtime.enable_compilation_cache(_WORKDIR.value)
     try:
-        summary = train(config, _WORKDIR.value)
+        summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         if isinstance(error.__cause__, CheckpointError):
@@ -68,6 +70,16 @@ def main(argv: list[str]) -> int:
     print(f"{summary['status']}: {_WORKDIR.value} after {summary['steps_completed']} steps, "
           f"final val bpb {summary.get('final_val_bpb')}", flush=True)
     return EXIT_CODES[summary["status"]]
+
+
+def _run_probe(module, config) -> int:
+    """Probes (no training) validate their own config: a ValueError is bad input."""
+    try:
+        module.run(config, _WORKDIR.value)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -19,7 +19,8 @@ from collections import defaultdict
 from absl import app
 from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
 
-from scale_ablation import tracking
+from scale_ablation.run_files import RunFiles
+from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
 
 
 def _layer_mean(row: dict, stat: str) -> float | None:
@@ -57,7 +58,7 @@ def load_runs(sweep_dir: str) -> list[dict]:
                    if os.path.exists(os.path.join(sweep_dir, name, "config.json"))]
     runs = []
     for name, overrides in entries:
-        files = tracking.RunFiles(os.path.join(sweep_dir, name))
+        files = RunFiles(os.path.join(sweep_dir, name))
         config = files.read_config()
         if config is None:  # never started
             continue
@@ -277,13 +278,11 @@ def write_report(sweep_dir: str) -> str:
 
 
 def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: list[dict]) -> None:
-    wandb_config = runs[0]["config"].get("wandb", {})
-    writer = tracking.WandbWriter(
-        os.path.join(sweep_dir, "report"), {"sweep_dir": os.path.abspath(sweep_dir)},
-        mode=wandb_config.get("mode", "auto"), project=wandb_config.get("project", ""),
-        entity=wandb_config.get("entity", ""), group=wandb_config.get("group", ""),
-        job_type="report", name=f"{os.path.basename(os.path.normpath(sweep_dir))}-report",
-    )
+    settings = WandbSettings.of(
+        runs[0]["config"].get("wandb"), job_type="report", tags=(),
+        name=f"{os.path.basename(os.path.normpath(sweep_dir))}-report")
+    writer = WandbTracker(os.path.join(sweep_dir, "report"),
+                          {"sweep_dir": os.path.abspath(sweep_dir)}, settings)
     writer.log_table("summary", header, [[row.get(k) for k in header] for row in rows])
     writer.finish()
 

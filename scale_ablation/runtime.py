@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 from absl import logging
@@ -31,3 +32,19 @@ def enable_compilation_cache(workdir: str) -> None:
     # Small models compile in well under the default 1 s threshold, yet a sweep compiles them
     # again and again: cache everything.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def make_experiments_importable(spec: str) -> None:
+    """Put the experiment file's import root on sys.path (`from experiments import base`
+    works wherever the command runs from). Entry points call this; library code never does."""
+    from scale_ablation import experiment
+
+    root = experiment.import_root(spec)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def normalise_environment() -> None:
+    """An exported-but-empty WANDB_MODE means "unset" to us; wandb's settings reject it."""
+    if os.environ.get("WANDB_MODE") == "":
+        del os.environ["WANDB_MODE"]

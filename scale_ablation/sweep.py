@@ -16,19 +16,28 @@ written at the end.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from absl import app, flags, logging
 
-from scale_ablation import ensemble as ensemble_lib
-from scale_ablation import experiment, policies, report, runtime, tracking
-from scale_ablation.model import layer_policy_specs
-from scale_ablation.train import ConfigError, changed_identity_fields, train, validate
+from scale_ablation import (
+    checkpoints,
+    ensemble,
+    experiment,
+    hooks,
+    jsonfiles,
+    report,
+    runs,
+    runtime,
+)
+from scale_ablation.config import ConfigError, validate
+from scale_ablation.run_files import FINISHED, RunFiles
+from scale_ablation.train import train, train_runs
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
@@ -38,8 +47,6 @@ _REPORT = flags.DEFINE_bool("report", True, "Write the report when the sweep end
 _ENSEMBLE = flags.DEFINE_bool(
     "ensemble", True, "Train runs that differ only in a scalar policy's value, the seed or the "
     "learning rate as one vmapped program (in-process runner, --parallel=1, only).")
-
-FINISHED = ("completed", "diverged")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,31 +72,23 @@ def expand(spec: str, sweep_dir: str) -> list[Point]:
         config.wandb.job_type = "sweep"
         try:
             validate(config)
-            for policy_spec in layer_policy_specs(config):
-                policies.get(policy_spec)
-        except ValueError as error:
+        except ConfigError as error:
             raise ValueError(f"grid point {name}: {error}") from None
         points.append(Point(name, dict(overrides), config))
     return points
 
 
 def run_status(sweep_dir: str, point: Point) -> str:
-    summary = tracking.RunFiles(os.path.join(sweep_dir, point.name)).read_summary()
+    summary = RunFiles(os.path.join(sweep_dir, point.name)).read_summary()
     return (summary or {}).get("status", "pending")
 
 
 def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str, str]) -> None:
-    """Raise ValueError if a finished run was made with other identity fields than its point
+    """Raise ConfigError if a finished run was made with other identity fields than its point
     has now (the experiment file changed): skipping it would report a stale result."""
     for point in points:
-        if statuses[point.name] not in FINISHED:
-            continue
-        workdir = os.path.join(sweep_dir, point.name)
-        stored = tracking.RunFiles(workdir).read_config() or {}
-        changed = changed_identity_fields(stored, point.config.to_dict())
-        if changed:
-            raise ValueError(f"{workdir} holds a finished run with a different config: "
-                             f"{', '.join(changed)} differ; use a new --workdir")
+        if statuses[point.name] in FINISHED:
+            runs.check_same_run(os.path.join(sweep_dir, point.name), point.config)
 
 
 def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
@@ -106,11 +105,8 @@ def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
         "config": spec,
         "runs": [{"name": p.name, "overrides": p.overrides, "status": status(p)} for p in points],
     }
-    os.makedirs(sweep_dir, exist_ok=True)
-    path = os.path.join(sweep_dir, "sweep.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2, default=str)
-    os.replace(path + ".tmp", path)
+    # Unsorted: the overrides keep the grid's order, which names the runs.
+    jsonfiles.write_json_atomic(os.path.join(sweep_dir, "sweep.json"), record, sort_keys=False)
 
 
 def command(spec: str, sweep_dir: str, point: Point) -> list[str]:
@@ -142,21 +138,22 @@ class Progress:
               f"{self.counts.get('failed', 0)} failed ({counts}), eta {eta}", flush=True)
 
 
-def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
-                   outcomes: dict[str, str] | None = None, ensemble: bool = True) -> bool:
+def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
+                   outcomes: dict[str, str] | None = None, together: bool = True,
+                   extra_hooks: Sequence[hooks.Periodic] = ()) -> bool:
     """Returns False if the sweep was preempted (stop; rerun to continue). Each run's status
-    goes into `outcomes` (name -> status) when given. `ensemble`: points that can share one
-    vmapped program (`ensemble.group`) train together."""
+    goes into `outcomes` (name -> status) when given. `together`: points that can share one
+    program (`ensemble.group`) train as one ensemble."""
     workdirs = [os.path.join(sweep_dir, point.name) for point in todo]
-    groups = (ensemble_lib.group([p.config for p in todo], workdirs) if ensemble
+    groups = (ensemble.group([p.config for p in todo], workdirs) if together
               else [[index] for index in range(len(todo))])
     for indices in groups:
         points = [todo[index] for index in indices]
         if len(points) == 1:
-            statuses = [_train_alone(sweep_dir, points[0])]
+            statuses = [_train_alone(sweep_dir, points[0], extra_hooks)]
         else:
             progress.show(running=len(points))
-            statuses = _train_together(sweep_dir, points)
+            statuses = _train_together(sweep_dir, points, extra_hooks)
         for point, status in zip(points, statuses, strict=True):
             if outcomes is not None:
                 outcomes[point.name] = status
@@ -168,10 +165,10 @@ def run_in_process(spec: str, sweep_dir: str, todo: list[Point], progress: Progr
     return True
 
 
-def _train_alone(sweep_dir: str, point: Point) -> str:
+def _train_alone(sweep_dir: str, point: Point, extra_hooks: Sequence[hooks.Periodic]) -> str:
     print(f"[sweep] {point.name}", flush=True)
     try:
-        return train(point.config, os.path.join(sweep_dir, point.name))["status"]
+        return train(point.config, os.path.join(sweep_dir, point.name), extra_hooks)["status"]
     except ConfigError as error:
         print(f"[sweep] {point.name}: error: {error}", flush=True)
     except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
@@ -180,16 +177,17 @@ def _train_alone(sweep_dir: str, point: Point) -> str:
     return "failed"
 
 
-def _train_together(sweep_dir: str, points: list[Point]) -> list[str]:
+def _train_together(sweep_dir: str, points: list[Point],
+                    extra_hooks: Sequence[hooks.Periodic]) -> list[str]:
     names = [point.name for point in points]
     print(f"[sweep] ensemble of {len(points)}: {', '.join(names)}", flush=True)
     try:
-        summaries = ensemble_lib.train_ensemble(
-            [p.config for p in points], [os.path.join(sweep_dir, n) for n in names], names)
+        summaries = train_runs([p.config for p in points],
+                               [os.path.join(sweep_dir, n) for n in names], names, extra_hooks)
     except ConfigError as error:
         # A member was refused before any file was written: alone, each run says if it is.
         print(f"[sweep] ensemble not started ({error}): its runs train one by one", flush=True)
-        return [_train_alone(sweep_dir, point) for point in points]
+        return [_train_alone(sweep_dir, point, extra_hooks) for point in points]
     except Exception as error:  # members without a result are recorded failed; the sweep goes on
         logging.exception("ensemble %s failed", names)
         print(f"[sweep] ensemble failed: {type(error).__name__}: {error}", flush=True)
@@ -273,15 +271,16 @@ def main(argv: list[str]) -> int:
         return 2
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
+    # The process edge: everything process-wide is set here, nowhere in the library.
+    runtime.make_experiments_importable(_CONFIG.value)
+    runtime.normalise_environment()
+    checkpoints.quiet_failed_restores()
     sweep_dir = _WORKDIR.value
     try:
         points = expand(_CONFIG.value, sweep_dir)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    statuses = {p.name: run_status(sweep_dir, p) for p in points}
-    try:
+        statuses = {p.name: run_status(sweep_dir, p) for p in points}
         check_finished_runs(sweep_dir, points, statuses)
+        extra_hooks = hooks.hooks_from_environment(dict(os.environ))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -303,8 +302,8 @@ def main(argv: list[str]) -> int:
     outcomes: dict[str, str] = {}
     try:
         if _PARALLEL.value == 1:
-            complete = run_in_process(_CONFIG.value, sweep_dir, todo, progress, outcomes,
-                                      ensemble=_ENSEMBLE.value)
+            complete = run_in_process(sweep_dir, todo, progress, outcomes,
+                                      together=_ENSEMBLE.value, extra_hooks=extra_hooks)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
                                         outcomes)

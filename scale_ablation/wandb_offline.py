@@ -85,7 +85,7 @@ def _history_value(item: Any) -> Any:
 def read_history(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The rows one wandb process logged, read from its local transaction log.
 
-    `run_dir` is a run's sync directory (`WandbWriter.run_dir`, `workdir/wandb/offline-run-*`)
+    `run_dir` is a run's sync directory (`WandbTracker.run_dir`, `workdir/wandb/offline-run-*`)
     or its `.wandb` file. One dict per committed step, in order: the logged keys (slashes kept:
     "train/loss") with their values as wandb stored them (NaN/inf stay floats; 2.0 may come
     back as 2; a logged dict comes back nested, a table as its `{"_type": "table-file",

@@ -1,4 +1,4 @@
-"""Ensembles (`scale_ablation.ensemble`) against their members trained alone with `train.train`.
+"""Ensembles (`train.train_runs`) against their members trained alone with `train.train`.
 
 Members differ in scalar policy, seed and learning rate, with attention dropout on so that each
 member's dropout keys must match its solo run's. Every check compares with runs the ensemble code
@@ -20,8 +20,9 @@ import pytest
 from helpers import read_json
 
 from scale_ablation import data as data_lib
-from scale_ablation import ensemble, experiment, tracking, train, wandb_offline
+from scale_ablation import ensemble, experiment, optim, runs, steps, train, wandb_offline
 from scale_ablation.checkpoints import Checkpoints
+from scale_ablation.run_files import RunFiles
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
@@ -62,12 +63,12 @@ def config_of(*overrides: dict):
 
 def rows_of(workdir) -> list[dict]:
     """metrics.jsonl without timings."""
-    rows = tracking.RunFiles(workdir).read_metrics()
+    rows = RunFiles(workdir).read_metrics()
     return [{k: v for k, v in row.items() if not k.startswith("perf/")} for row in rows]
 
 
 def final_state(workdir, config, step=None):
-    _, like = train.init_state(config, train.make_optimizer(config))
+    _, like = runs.init_state(config)
     checkpoints = Checkpoints(workdir)
     try:
         return checkpoints.restore(step or checkpoints.latest_step(), like)
@@ -93,7 +94,7 @@ def trained(tmp_path_factory):
     offline = [config_of(MEMBERS[name], {"wandb.mode": "offline"}) for name in configs]
     workdirs = [root / "ensemble" / name for name in configs]
     groups = ensemble.group(offline, workdirs)
-    together = ensemble.train_ensemble(offline, workdirs)
+    together = train.train_runs(offline, workdirs)
     return {"root": root, "configs": configs, "solo": solo, "groups": groups,
             "ensemble": dict(zip(configs, together, strict=True))}
 
@@ -164,9 +165,9 @@ def test_a_diverging_member_diverges_as_alone_and_leaves_the_others_alone(traine
 
 def test_the_ensemble_step_compiles_once(trained):
     config = trained["configs"]["none"]
-    graphdef, _ = train.init_state(config, train.make_optimizer(config))
-    step = ensemble.compiled_ensemble_step(graphdef, train.OptimizerSettings.of(config),
-                                           float(config.train.z_loss))
+    graphdef, _ = runs.init_state(config)
+    step = steps.programs(graphdef, optim.OptimizerSettings.of(config),
+                          float(config.train.z_loss)).train_members
     # 16 steps of 4 members, one of them frozen after diverging: one program.
     assert step._cache_size() == 1
 
@@ -204,12 +205,12 @@ def signalling_source(make_source):
 def test_a_preempted_ensemble_resumes_exactly(tmp_path, monkeypatch):
     configs = [config_of(RESUME, member) for member in RESUME_MEMBERS]
     names = ["a", "b"]
-    uninterrupted = ensemble.train_ensemble(configs, [tmp_path / "whole" / n for n in names])
+    uninterrupted = train.train_runs(configs, [tmp_path / "whole" / n for n in names])
     workdirs = [tmp_path / "resumed" / n for n in names]
 
     with monkeypatch.context() as patch:
         patch.setattr(data_lib, "make_source", signalling_source(data_lib.make_source))
-        preempted = ensemble.train_ensemble(configs, workdirs)
+        preempted = train.train_runs(configs, workdirs)
     for summary, workdir in zip(preempted, workdirs, strict=True):
         assert summary["status"] == "preempted" and summary["signal"] == "SIGTERM"
         assert summary["steps_completed"] == PREEMPT_AT + 1
@@ -222,7 +223,7 @@ def test_a_preempted_ensemble_resumes_exactly(tmp_path, monkeypatch):
     shutil.rmtree(behind / "checkpoints" / str(PREEMPT_AT + 1))  # back to step 10
     assert ensemble.group(configs + configs, [*workdirs, fresh, behind]) == [[0, 1], [2], [3]]
 
-    resumed = ensemble.train_ensemble(configs, workdirs)
+    resumed = train.train_runs(configs, workdirs)
     for got, want, workdir, config in zip(resumed, uninterrupted, workdirs, configs, strict=True):
         assert got["status"] == "completed"
         for field in ("steps_completed", "final_train_loss", "final_val_loss"):
@@ -299,20 +300,20 @@ def test_vmapped_and_mapped_members_agree():
     """Accelerators step the members with vmap, a CPU with lax.map: both must give each member
     the numbers of its solo step (the CPU tests above cover lax.map end to end)."""
     configs = [config_of(member) for member in list(MEMBERS.values())[:3]]
-    tx = train.make_optimizer(configs[0])
-    graphdef = train.init_state(configs[0], tx)[0]
-    step = train.make_train_step(graphdef, tx, 0.0)
-    states = [train.init_state(config, tx)[1] for config in configs]
+    tx = optim.make_optimizer(configs[0])
+    graphdef = runs.init_state(configs[0], tx)[0]
+    step = steps.make_train_step(graphdef, tx, 0.0)
+    states = [runs.init_state(config, tx)[1] for config in configs]
     batches = []
     for config in configs:
         raw = data_lib.make_source(config.data, seed=config.train.seed).train_batch(0, 4, 32)
         batches.append({name: getattr(raw, name) for name in ("inputs", "targets", "weights")})
-    keys = jax.numpy.stack([train.dropout_key(c.train.seed, 0) for c in configs])
+    keys = jax.numpy.stack([steps.dropout_key(c.train.seed, 0) for c in configs])
 
     def stacked(trees):
         return jax.tree.map(lambda *xs: jax.numpy.stack(xs), *trees)  # (K, ...)
 
-    outputs = {backend: jax.jit(ensemble._over_members(step, backend))(
+    outputs = {backend: jax.jit(steps.over_members(step, backend))(
         stacked(states), stacked(batches), keys) for backend in ("gpu", "cpu")}
     solo = [jax.jit(step)(s, b, k) for s, b, k in zip(states, batches, keys, strict=True)]
     for backend, (new_states, metrics) in outputs.items():

@@ -2,7 +2,7 @@
 
 Files are globbed, so a new experiment is covered without touching this file. A training
 experiment's grid must apply cleanly (no unknown field), give unique run names, and resolve to
-configs that `train.validate` accepts with policy specs the registry knows. Probes (files that
+configs that `config.validate` accepts with policy specs the registry knows. Probes (files that
 define `run(config, workdir)`) train nothing and have no grid to check.
 """
 
@@ -15,8 +15,8 @@ import pathlib
 import ml_collections
 import pytest
 
-from scale_ablation import experiment, policies, train
-from scale_ablation.model import layer_policy_specs
+from scale_ablation import experiment, policies
+from scale_ablation.config import layer_policy_specs, validate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
@@ -79,7 +79,7 @@ def test_an_unknown_variant_is_refused(path):
 def test_grid_resolves_to_valid_runs(path, variant):
     spec = spec_of(path, variant)
     module, arg = experiment.load_module(spec)
-    if hasattr(module, "run"):
+    if experiment.is_probe(module):
         pytest.skip(f"{path.name} is a probe (run(config, workdir)): no grid")
     base = module.get_config(arg)
     grid = list(module.sweep(arg)) if hasattr(module, "sweep") else [{}]
@@ -90,7 +90,7 @@ def test_grid_resolves_to_valid_runs(path, variant):
         config = experiment.apply_overrides(base, overrides)  # raises on an unknown field
         for key, value in overrides.items():
             assert get(config, key) == value, f"{spec}: override {key}={value!r} not applied"
-        train.validate(config)
+        validate(config)
         specs = layer_policy_specs(config)
         assert len(specs) == config.model.num_layers
         for policy_spec in specs:

@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 from scale_ablation import experiment
+from scale_ablation.config import ModelConfig
 from scale_ablation.model import build_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,6 +35,10 @@ def tiny_config(**overrides):
     return experiment.apply_overrides(config, {**small, **overrides})
 
 
+def model_of(config, seed):
+    return build_model(ModelConfig.from_config(config), nnx.Rngs(params=seed))
+
+
 def make_forward(model):
     """tokens -> logits, jitted once per model (the functional split/merge style)."""
     graphdef, state = nnx.split(model)
@@ -46,7 +51,7 @@ def random_tokens(seed, shape=(2, 32)):
 
 
 def test_logits_shape_and_dtype():
-    model = build_model(tiny_config(), nnx.Rngs(params=0))
+    model = model_of(tiny_config(), seed=0)
     logits = make_forward(model)(random_tokens(0, (3, 24)))
     assert logits.shape == (3, 24, VOCAB)
     assert logits.dtype == jnp.float32
@@ -71,7 +76,7 @@ def test_lm_is_causal(positions, norm_position, attention_impl):
             "model.attention_impl": attention_impl,
         }
     )
-    forward = make_forward(build_model(config, nnx.Rngs(params=1)))
+    forward = make_forward(model_of(config, seed=1))
     tokens = random_tokens(1)
     t = 11
     future_changed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 17) % VOCAB)
@@ -105,7 +110,7 @@ def reference_attention(x, wq, wk, wv, wo, num_heads, head_dim, scale):
 def test_layer_policies_give_each_layer_its_own_scale():
     head_dim, num_heads = 16, 2
     config = tiny_config(layer_policies="none,inv_sqrt_dk")
-    model = build_model(config, nnx.Rngs(params=2))
+    model = model_of(config, seed=2)
     first, second = (block.attention for block in model.blocks)
     assert (first.policy.spec, second.policy.spec) == ("none", "inv_sqrt_dk")
     assert float(first.base_scale[...]) == pytest.approx(1.0)
@@ -127,8 +132,8 @@ def test_layer_policies_give_each_layer_its_own_scale():
 
 def test_bfloat16_compute_keeps_float32_params_and_logits():
     tokens = random_tokens(3)
-    model32 = build_model(tiny_config(), nnx.Rngs(params=3))
-    model16 = build_model(tiny_config(**{"train.dtype": "bfloat16"}), nnx.Rngs(params=3))
+    model32 = model_of(tiny_config(), seed=3)
+    model16 = model_of(tiny_config(**{"train.dtype": "bfloat16"}), seed=3)
     params32 = jax.tree.leaves(nnx.state(model32, nnx.Param))
     params16 = jax.tree.leaves(nnx.state(model16, nnx.Param))
     assert params16 and all(p.dtype == jnp.float32 for p in params16)
@@ -149,7 +154,7 @@ def test_init_gain_scales_query_and_key_outputs():
     x = jnp.asarray(np.random.default_rng(4).normal(size=(4096, d_model)), jnp.float32)
 
     def projection_stds(gain):
-        model = build_model(tiny_config(**sizes, **{"model.init_gain": gain}), nnx.Rngs(params=4))
+        model = model_of(tiny_config(**sizes, **{"model.init_gain": gain}), seed=4)
         attention = model.blocks[0].attention
         return [
             float(jnp.std(layer(x))) for layer in (attention.query, attention.key, attention.value)
@@ -177,4 +182,4 @@ def test_init_gain_scales_query_and_key_outputs():
 )
 def test_build_model_rejects_bad_fields(overrides, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
-        build_model(tiny_config(**overrides), nnx.Rngs(params=0))
+        model_of(tiny_config(**overrides), seed=0)

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from scale_ablation import attention, diagnostics, policies
+from scale_ablation.config import ModelConfig
 
 
 # Registered here so that the conformance suite below shows registration is all a new policy
@@ -265,11 +266,9 @@ def test_gain_aware_compensates_init_gain_squared():
 def test_self_attention_gain_aware_end_to_end():
     d_model, heads, head_dim = 256, 4, 64
     module = attention.SelfAttention(
-        d_model,
-        heads,
-        head_dim,
-        qk_init_gain=2.0,
-        policy=policies.get("gain_aware:2"),
+        ModelConfig(d_model=d_model, num_layers=1, num_heads=heads, head_dim=head_dim,
+                    init_gain=2.0, layer_policies=("gain_aware:2",)),
+        policies.get("gain_aware:2"),
         rngs=nnx.Rngs(0),
     )
     norm = nnx.LayerNorm(d_model, use_bias=False, use_scale=False, rngs=nnx.Rngs(0))
@@ -281,11 +280,9 @@ def test_self_attention_gain_aware_end_to_end():
     np.testing.assert_allclose(logit_std, 1.0, rtol=0.15)
     # Control: the same module with the plain 1/√d_k is 4x too wide.
     plain = attention.SelfAttention(
-        d_model,
-        heads,
-        head_dim,
-        qk_init_gain=2.0,
-        policy=policies.get("inv_sqrt_dk"),
+        ModelConfig(d_model=d_model, num_layers=1, num_heads=heads, head_dim=head_dim,
+                    init_gain=2.0, layer_policies=("inv_sqrt_dk",)),
+        policies.get("inv_sqrt_dk"),
         rngs=nnx.Rngs(0),
     )
     _, plain_stats = plain(x, with_diagnostics=True)

@@ -48,10 +48,11 @@ GRIDS = {
     "bad_field": [{"policy": "none"}, {"model.no_such_field": 1}],
     "bad_policy": [{"policy": "inv_sqrt_dk"}, {"policy": "no_such_policy"}],
     "bad_type": [{"policy": "none"}, {"train.lr": "fast"}],
-    # Passes the grid checks, is refused by train() before it writes anything.
     "bad_norm": [{"model.norm": "bogus"}],
+    # A valid config, refused by train() when it opens the data, before it writes anything.
+    "no_data": [{"data.source": "text:no_such_corpus.txt"}],
 }
-GRIDS["parallel"] = GRIDS["resume"] + GRIDS["bad_norm"]
+GRIDS["parallel"] = GRIDS["resume"] + GRIDS["no_data"]
 REPORT_STATUSES = ["completed", "completed", "completed", "diverged"]
 
 EXPERIMENT = f'''"""A tiny experiment for tests/test_sweep.py and tests/test_report.py."""
@@ -99,7 +100,7 @@ def build_report_sweep(root: pathlib.Path) -> pathlib.Path:
     spec = f"{write_experiment(root)}:report"
     points = sweep.expand(spec, str(sweep_dir))
     sweep.write_sweep_file(str(sweep_dir), spec, points)
-    complete = sweep.run_in_process(spec, str(sweep_dir), points, sweep.Progress(len(points), 0))
+    complete = sweep.run_in_process(str(sweep_dir), points, sweep.Progress(len(points), 0))
     assert complete
     sweep.write_sweep_file(str(sweep_dir), spec, points)
     report.write_report(str(sweep_dir))
@@ -190,7 +191,7 @@ def test_a_rerun_in_process_touches_no_finished_run(report_sweep):
     points = sweep.expand(spec, str(report_sweep))
     before = {k: v for k, v in tree(report_sweep).items() if not k.startswith("report")}
     outcomes = {}
-    assert sweep.run_in_process(spec, str(report_sweep), points, sweep.Progress(4, 0), outcomes)
+    assert sweep.run_in_process(str(report_sweep), points, sweep.Progress(4, 0), outcomes)
     assert [outcomes[p.name] for p in points] == REPORT_STATUSES
     after = {k: v for k, v in tree(report_sweep).items() if not k.startswith("report")}
     assert after == before
@@ -318,7 +319,8 @@ def test_dry_run_of_a_new_sweep_lists_the_runs_and_creates_nothing(experiment_fi
 
 @pytest.mark.parametrize(
     ("grid", "named"),
-    [("bad_field", "no_such_field"), ("bad_policy", "no_such_policy"), ("bad_type", "train.lr")],
+    [("bad_field", "no_such_field"), ("bad_policy", "no_such_policy"), ("bad_type", "train.lr"),
+     ("bad_norm", "model.norm")],
 )
 def test_a_bad_grid_exits_2_with_one_line_and_creates_nothing(
     experiment_file, tmp_path, grid, named
@@ -334,10 +336,10 @@ def test_a_bad_grid_exits_2_with_one_line_and_creates_nothing(
 
 def test_a_run_refused_by_train_is_recorded_failed(experiment_file, tmp_path):
     sweep_dir = tmp_path / "refused"
-    result = run_sweep(f"--config={experiment_file}:bad_norm", f"--workdir={sweep_dir}")
+    result = run_sweep(f"--config={experiment_file}:no_data", f"--workdir={sweep_dir}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
-    assert "model.norm" in result.stdout and "failed=1" in result.stdout
+    assert "no_such_corpus" in result.stdout and "failed=1" in result.stdout
     record = read_json(sweep_dir / "sweep.json")
     assert [r["status"] for r in record["runs"]] == ["failed"]
     assert not (sweep_dir / record["runs"][0]["name"]).exists()
@@ -368,7 +370,7 @@ def test_parallel_runs_each_point_in_its_own_process(parallel_sweep):
         log = (sweep_dir / f"{entry['name']}.log").read_text()
         assert f"completed: {sweep_dir / entry['name']} after {steps} steps" in log
     refused = record["runs"][2]["name"]
-    assert "model.norm" in (sweep_dir / f"{refused}.log").read_text()
+    assert "no_such_corpus" in (sweep_dir / f"{refused}.log").read_text()
     assert not (sweep_dir / refused).exists()
     assert not (sweep_dir / "report").exists()  # --noreport
 

@@ -16,7 +16,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from scale_ablation import tracking, wandb_offline
+from scale_ablation import jsonfiles, redaction, run_files, tracking, wandb_offline, wandb_tracker
+from scale_ablation.run_files import RunFiles
+from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
 
 FAKE_API_KEY = "f4ke0a1b2c3d4e5f60718293a4b5c6d7e8f90123"  # 40 hex chars, like a real key
 
@@ -42,13 +44,18 @@ def _strict_json(line: str):
     return json.loads(line, parse_constant=reject)
 
 
+def open_run(workdir, config, wandb_config, **kwargs):
+    """A run's trackers as the training loop opens them."""
+    return tracking.open_trackers(workdir, config, wandb=WandbSettings.of(wandb_config), **kwargs)
+
+
 # --- run files --------------------------------------------------------------------------------
 
 
 def test_metrics_round_trip_numpy_jax_and_nonfinite(tmp_path):
     import jax.numpy as jnp
 
-    files = tracking.RunFiles(tmp_path / "run")
+    files = RunFiles(tmp_path / "run")
     files.append_metrics(
         0,
         {
@@ -81,7 +88,7 @@ def test_metrics_round_trip_numpy_jax_and_nonfinite(tmp_path):
 
 
 def test_truncated_last_line_is_skipped_and_not_glued_to_the_next(tmp_path):
-    files = tracking.RunFiles(tmp_path)
+    files = RunFiles(tmp_path)
     for step in range(3):
         files.append_metrics(step, {"train/loss": float(step)})
     with open(files.metrics_path, "a") as f:
@@ -89,21 +96,21 @@ def test_truncated_last_line_is_skipped_and_not_glued_to_the_next(tmp_path):
 
     assert [row["step"] for row in files.read_metrics()] == [0, 1, 2]
 
-    resumed = tracking.RunFiles(tmp_path)
+    resumed = RunFiles(tmp_path)
     resumed.append_metrics(3, {"train/loss": 3.0})
     assert [row["step"] for row in resumed.read_metrics()] == [0, 1, 2, 3]
     assert all(_strict_json(line) for line in files.metrics_path.read_text().splitlines())
 
 
 def test_damaged_middle_line_is_an_error(tmp_path):
-    files = tracking.RunFiles(tmp_path)
+    files = RunFiles(tmp_path)
     files.metrics_path.write_text('{"step": 0}\n{"step": 1, oops\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2"):
         files.read_metrics()
 
 
 def test_truncate_metrics_after_drops_later_steps_for_a_resume(tmp_path):
-    files = tracking.RunFiles(tmp_path)
+    files = RunFiles(tmp_path)
     for step in range(0, 100, 10):
         files.append_metrics(step, {"train/loss": 1.0 / (step + 1)})
 
@@ -116,12 +123,12 @@ def test_truncate_metrics_after_drops_later_steps_for_a_resume(tmp_path):
     assert steps == [0, 10, 20, 30, 40, 50, 60]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temp files
 
-    tracking.RunFiles(tmp_path / "fresh").truncate_metrics_after(5)  # nothing to truncate
+    RunFiles(tmp_path / "fresh").truncate_metrics_after(5)  # nothing to truncate
     assert not (tmp_path / "fresh").exists()
 
 
 def test_summary_is_replaced_atomically(tmp_path, monkeypatch):
-    files = tracking.RunFiles(tmp_path)
+    files = RunFiles(tmp_path)
     files.write_summary({"status": "preempted", "final_train_loss": float("nan")})
     assert files.read_summary() == {"status": "preempted", "final_train_loss": None}
     _strict_json(files.summary_path.read_text())
@@ -129,7 +136,7 @@ def test_summary_is_replaced_atomically(tmp_path, monkeypatch):
     def crash(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(tracking.os, "replace", crash)
+    monkeypatch.setattr(jsonfiles.os, "replace", crash)
     with pytest.raises(OSError, match="disk full"):
         files.write_summary({"status": "completed", "final_train_loss": 1.0})
     assert files.read_summary() == {"status": "preempted", "final_train_loss": None}
@@ -137,7 +144,7 @@ def test_summary_is_replaced_atomically(tmp_path, monkeypatch):
 
 def test_config_round_trip_from_config_dict(tmp_path):
     config = ml_collections.ConfigDict({"model": {"head_dim": 64}, "wandb": {"tags": ("a", "b")}})
-    files = tracking.RunFiles(tmp_path)
+    files = RunFiles(tmp_path)
     assert files.read_config() is None
     files.write_config(config)
     assert files.read_config() == {"model": {"head_dim": 64}, "wandb": {"tags": ["a", "b"]}}
@@ -167,7 +174,7 @@ def test_scrub_secrets_drops_credential_keys_and_redacts_env_values(monkeypatch)
     }
     original = json.dumps(config, sort_keys=True)
 
-    scrubbed = tracking.scrub_secrets(config)
+    scrubbed = redaction.scrub_secrets(config)
 
     assert scrubbed == {
         "wandb": {"project": "scale_ablation"},
@@ -196,54 +203,54 @@ def no_network(monkeypatch):
 
 
 def test_resolve_auto_is_offline_without_credentials(no_network):
-    assert tracking.resolve_wandb_mode("auto") == "offline"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "offline"
 
 
 def test_resolve_auto_is_online_with_a_netrc_entry(tmp_path, monkeypatch, no_network):
     netrc = Path(os.environ["HOME"]) / ".netrc"
     netrc.write_text("machine example.com login me password other\n")
     netrc.chmod(0o600)
-    assert tracking.resolve_wandb_mode("auto") == "offline"  # not a W&B entry
+    assert wandb_tracker.resolve_wandb_mode("auto") == "offline"  # not a W&B entry
 
     netrc.write_text(f"machine api.wandb.ai\n  login user\n  password {FAKE_API_KEY}\n")
-    assert tracking.resolve_wandb_mode("auto") == "online"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "online"
 
     # $NETRC wins over ~/.netrc, as in wandb.
     elsewhere = tmp_path / "empty_netrc"
     elsewhere.write_text("")
     monkeypatch.setenv("NETRC", str(elsewhere))
-    assert tracking.resolve_wandb_mode("auto") == "offline"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "offline"
     monkeypatch.setenv("NETRC", str(netrc))
-    assert tracking.resolve_wandb_mode("auto") == "online"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "online"
 
     # A self-hosted server needs its own entry.
     monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.mylab.org")
-    assert tracking.resolve_wandb_mode("auto") == "offline"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "offline"
 
 
 def test_resolve_auto_follows_env(monkeypatch, no_network):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_API_KEY)
-    assert tracking.resolve_wandb_mode("auto") == "online"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "online"
     monkeypatch.setenv("WANDB_MODE", "offline")
-    assert tracking.resolve_wandb_mode("auto") == "offline"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "offline"
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert tracking.resolve_wandb_mode("auto") == "disabled"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "disabled"
     monkeypatch.delenv("WANDB_API_KEY")
     monkeypatch.setenv("WANDB_MODE", "online")
-    assert tracking.resolve_wandb_mode("auto") == "online"
+    assert wandb_tracker.resolve_wandb_mode("auto") == "online"
 
 
 def test_resolve_explicit_and_invalid_modes(monkeypatch, no_network):
     monkeypatch.setenv("WANDB_MODE", "disabled")  # only `auto` defers to the environment
     for mode in ("online", "offline", "disabled"):
-        assert tracking.resolve_wandb_mode(mode) == mode
+        assert wandb_tracker.resolve_wandb_mode(mode) == mode
     with pytest.raises(ValueError, match=r"wandb\.mode.*auto, online, offline, disabled"):
-        tracking.resolve_wandb_mode("dryrun")
+        wandb_tracker.resolve_wandb_mode("dryrun")
 
 
 def test_tracker_rejects_an_invalid_mode_before_writing(tmp_path):
     with pytest.raises(ValueError, match=r"wandb\.mode"):
-        tracking.Tracker(tmp_path / "run", {"a": 1}, {"mode": "Offline"})
+        open_run(tmp_path / "run", {"a": 1}, {"mode": "Offline"})
     assert not (tmp_path / "run").exists()
 
 
@@ -256,11 +263,11 @@ def _offline(**fields):
 
 def test_offline_run_history_matches_what_was_logged_and_the_jsonl(tmp_path, monkeypatch):
     warnings = []
-    monkeypatch.setattr(tracking.logging, "warning", lambda *args: warnings.append(args))
+    monkeypatch.setattr(wandb_tracker.logging, "warning", lambda *args: warnings.append(args))
     workdir = tmp_path / "run"
     rng = np.random.default_rng(0)
     losses = rng.uniform(1.0, 5.0, size=300).astype(np.float32)
-    tracker = tracking.Tracker(workdir, {"policy": "inv_sqrt_dk"}, _offline(tags=("test",)))
+    tracker = open_run(workdir, {"policy": "inv_sqrt_dk"}, _offline(tags=("test",)))
     assert tracker.wandb.active
 
     logged = []
@@ -272,8 +279,8 @@ def test_offline_run_history_matches_what_was_logged_and_the_jsonl(tmp_path, mon
             metrics["val/loss"] = float(loss) + 0.25
         tracker.log(step, metrics)
         logged.append({k: float(v) for k, v in metrics.items()})
-    tracker.write_summary(status="completed", steps_completed=300, final_train_loss=1.5)
-    tracker.close()
+    tracker.summary(dict(status="completed", steps_completed=300, final_train_loss=1.5))
+    tracker.finish()
 
     run_dir = tracker.wandb.run_dir
     assert run_dir.parent == workdir / "wandb"
@@ -304,7 +311,7 @@ def test_offline_run_history_matches_what_was_logged_and_the_jsonl(tmp_path, mon
 
 
 def test_log_table_stores_the_rows(tmp_path):
-    writer = tracking.WandbWriter(tmp_path, {}, mode="offline", project="scale_ablation_tests")
+    writer = WandbTracker(tmp_path, {}, WandbSettings(mode="offline", project="scale_ablation_tests"))
     columns = ["policy", "head_dim", "final_loss"]
     rows = [["inv_sqrt_dk", 64, 1.5], ["none", np.int64(256), np.float32(4.25)]]
     writer.log(0, {"train/loss": 2.0})
@@ -323,7 +330,7 @@ def test_log_table_stores_the_rows(tmp_path):
 
 
 def test_wandb_history_reader_stops_at_a_truncated_record(tmp_path):
-    writer = tracking.WandbWriter(tmp_path, {}, mode="offline", project="scale_ablation_tests")
+    writer = WandbTracker(tmp_path, {}, WandbSettings(mode="offline", project="scale_ablation_tests"))
     for step in range(200):
         writer.log(step, {"train/loss": float(step)})
     writer.finish()
@@ -401,14 +408,12 @@ def test_wandb_history_reader_handles_block_trailers_and_fragments(tmp_path):
 
 
 def test_run_id_persists_and_a_second_writer_continues_the_run(tmp_path):
-    first = tracking.WandbWriter(tmp_path, {"a": 1}, mode="offline", project="scale_ablation_tests")
+    first = WandbTracker(tmp_path, {"a": 1}, WandbSettings(mode="offline", project="scale_ablation_tests"))
     first.log(0, {"train/loss": 3.0})
     first.finish()
     assert (tmp_path / "wandb_run_id.txt").read_text().strip() == first.run_id
 
-    second = tracking.WandbWriter(
-        tmp_path, {"a": 1}, mode="offline", project="scale_ablation_tests"
-    )
+    second = WandbTracker(tmp_path, {"a": 1}, WandbSettings(mode="offline", project="scale_ablation_tests"))
     second.log(1, {"train/loss": 2.0})
     second.finish()
 
@@ -423,15 +428,15 @@ def test_run_id_persists_and_a_second_writer_continues_the_run(tmp_path):
 
 
 def test_resumed_tracker_rewinds_the_jsonl_and_keeps_the_run_id(tmp_path):
-    first = tracking.Tracker(tmp_path, {"a": 1}, _offline())
+    first = open_run(tmp_path, {"a": 1}, _offline())
     for step in range(6):
         first.log(step, {"train/loss": float(step)})
-    first.close(exit_code=1)  # preempted after step 5, checkpoint at step 3
+    first.finish(exit_code=1)  # preempted after step 5, checkpoint at step 3
 
-    second = tracking.Tracker(tmp_path, {"a": 1}, _offline(), resume_step=3)
+    second = open_run(tmp_path, {"a": 1}, _offline(), resume_step=3)
     for step in range(4, 8):
         second.log(step, {"train/loss": float(step)})
-    second.close()
+    second.finish()
 
     assert second.wandb.run_id == first.wandb.run_id
     assert [row["step"] for row in second.files.read_metrics()] == list(range(8))
@@ -445,13 +450,13 @@ def test_failing_wandb_init_degrades_to_a_no_op(tmp_path, monkeypatch):
 
     warnings = []
     monkeypatch.setattr(wandb, "init", broken_init)
-    monkeypatch.setattr(tracking.logging, "warning", lambda *args: warnings.append(args))
+    monkeypatch.setattr(wandb_tracker.logging, "warning", lambda *args: warnings.append(args))
 
-    tracker = tracking.Tracker(tmp_path, {"a": 1}, _offline())
+    tracker = open_run(tmp_path, {"a": 1}, _offline())
     tracker.log(0, {"train/loss": 1.0})
     tracker.wandb.log_table("sweep", ["a"], [[1]])
-    tracker.write_summary(status="completed")
-    tracker.close()
+    tracker.summary(dict(status="completed"))
+    tracker.finish()
 
     assert tracker.wandb.run_id is None and not tracker.wandb.active
     assert len(warnings) == 1 and "init" in warnings[0]
@@ -462,8 +467,8 @@ def test_failing_wandb_init_degrades_to_a_no_op(tmp_path, monkeypatch):
 
 def test_failing_wandb_log_warns_once_and_training_goes_on(tmp_path, monkeypatch):
     warnings = []
-    monkeypatch.setattr(tracking.logging, "warning", lambda *args: warnings.append(args))
-    tracker = tracking.Tracker(tmp_path, {}, _offline())
+    monkeypatch.setattr(wandb_tracker.logging, "warning", lambda *args: warnings.append(args))
+    tracker = open_run(tmp_path, {}, _offline())
     run = tracker.wandb._run
 
     def broken_log(*args, **kwargs):
@@ -472,7 +477,7 @@ def test_failing_wandb_log_warns_once_and_training_goes_on(tmp_path, monkeypatch
     monkeypatch.setattr(run, "log", broken_log)
     for step in range(3):
         tracker.log(step, {"train/loss": 1.0})
-    tracker.close()
+    tracker.finish()
 
     assert len(warnings) == 1 and "log" in warnings[0]
     assert not tracker.wandb.active
@@ -486,10 +491,10 @@ def test_planted_secret_reaches_no_run_file(tmp_path, monkeypatch):
         "notes": f"key {FAKE_API_KEY}",
         "wandb": {"api_key": FAKE_API_KEY},
     }
-    tracker = tracking.Tracker(tmp_path, config, _offline())
+    tracker = open_run(tmp_path, config, _offline())
     tracker.log(0, {"train/loss": 1.0})
-    tracker.write_summary(status="completed")
-    tracker.close()
+    tracker.summary(dict(status="completed"))
+    tracker.finish()
 
     files = [path for path in tmp_path.rglob("*") if path.is_file()]
     assert any(path.suffix == ".wandb" for path in files)
@@ -502,29 +507,29 @@ def test_planted_secret_reaches_no_run_file(tmp_path, monkeypatch):
 
 def test_disabled_tracker_writes_nothing(tmp_path):
     workdir = tmp_path / "host1"
-    tracker = tracking.Tracker(workdir, {"a": 1}, _offline(), resume_step=3, enable=False)
+    tracker = open_run(workdir, {"a": 1}, _offline(), resume_step=3, enable=False)
     tracker.log(0, {"train/loss": 1.0})
-    tracker.write_summary(status="completed")
-    tracker.close()
+    tracker.summary(dict(status="completed"))
+    tracker.finish()
     assert not workdir.exists()
 
 
 def test_wandb_mode_disabled_still_writes_run_files(tmp_path):
-    tracker = tracking.Tracker(tmp_path, {"a": 1}, {"mode": "disabled", "project": "p"})
+    tracker = open_run(tmp_path, {"a": 1}, {"mode": "disabled", "project": "p"})
     tracker.log(0, {"train/loss": 1.0})
-    tracker.write_summary(status="diverged", diverged_at_step=0, final_train_loss=float("inf"))
-    tracker.close()
+    tracker.summary(dict(status="diverged", diverged_at_step=0, final_train_loss=float("inf")))
+    tracker.finish()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "config.json",
         "metrics.jsonl",
         "summary.json",
     ]
     summary = tracker.files.read_summary()
-    assert set(tracking.SUMMARY_FIELDS) <= set(summary)
+    assert set(run_files.SUMMARY_FIELDS) <= set(summary)
     assert summary["status"] == "diverged" and summary["final_train_loss"] is None
 
 
 def test_summary_status_must_be_known(tmp_path):
-    tracker = tracking.Tracker(tmp_path, {}, {"mode": "disabled"})
+    tracker = open_run(tmp_path, {}, {"mode": "disabled"})
     with pytest.raises(ValueError, match="status"):
-        tracker.write_summary(status="done")
+        tracker.summary(dict(status="done"))

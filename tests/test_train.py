@@ -17,15 +17,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
 from helpers import read_json, snapshot
 
-from scale_ablation import experiment, train, wandb_offline
+from scale_ablation import experiment, hooks, runs, train, wandb_offline
 from scale_ablation.checkpoints import Checkpoints
+from scale_ablation.config import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
@@ -191,7 +191,7 @@ def test_resuming_with_a_different_model_is_refused(shakespeare_run, tmp_path, s
         shutil.rmtree(workdir / "checkpoints" / str(config.train.steps))
     before = snapshot(workdir)
     changed = experiment.apply_overrides(config, {"model.head_dim": 64})
-    with pytest.raises(train.ConfigError, match=r"model\.head_dim"):
+    with pytest.raises(ConfigError, match=r"model\.head_dim"):
         train.train(changed, workdir)
     assert snapshot(workdir) == before
 
@@ -203,13 +203,13 @@ def test_resuming_with_a_different_model_is_refused(shakespeare_run, tmp_path, s
 
 # --------------------------------------------------------------------------- CLI runs
 
-# Long enough (150 steps, checkpoints every 40) for a signal to land mid-run; dropout on, so the
-# resumed run must also reproduce the per-step dropout keys.
+# Checkpoints every 40 of 60 steps, stopped at chosen steps (hooks.SIGNAL_AT_ENV); dropout on,
+# so the resumed run must also reproduce the per-step dropout keys.
 RESUME = {
     **TINY,
     "model.num_layers": 2,
     "model.attention_dropout": 0.1,
-    "train.steps": 150,
+    "train.steps": 60,
     "train.warmup_steps": 10,
     "train.log_every": 5,
     "train.eval_every": 50,
@@ -233,38 +233,16 @@ def cli_env(**extra) -> dict:
     return {**os.environ, **OFFLINE_ENV, **extra}
 
 
-def run_cli(workdir, overrides: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_cli(workdir, overrides: dict, timeout: float = 300,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         cli_command(workdir, overrides),
         cwd=REPO,
-        env=cli_env(),
+        env=cli_env(**(env or {})),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-
-
-def start_cli(workdir, overrides: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        cli_command(workdir, overrides),
-        cwd=REPO,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if process.poll() is not None:
-            out, err = process.communicate()
-            pytest.fail(f"run ended (code {process.returncode}) before {what}:\n{out}\n{err}")
-        if time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def logged_steps(workdir) -> list[int]:
@@ -284,7 +262,7 @@ def checkpoint_steps(workdir) -> list[int]:
 
 
 def final_state(workdir, config):
-    _, like = train.init_state(config, train.make_optimizer(config))
+    _, like = runs.init_state(config)
     checkpoints = Checkpoints(workdir)
     try:
         return checkpoints.restore(config.train.steps, like)
@@ -329,17 +307,14 @@ def resume_base(tmp_path_factory):
 
 def test_resume_after_sigterm_is_bitwise_identical(resume_base):
     workdir = resume_base / "sigterm"
-    process = start_cli(workdir, RESUME)
-    wait_for(lambda: any(step >= 20 for step in logged_steps(workdir)), process, "step 20")
-    process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 3, err
+    # SIGTERM once step 23 is done (between checkpoints), at that step, not at a polled moment.
+    stopped = run_cli(workdir, RESUME, env={hooks.SIGNAL_AT_ENV: "23:SIGTERM"})
+    assert stopped.returncode == 3, stopped.stderr
     summary = read_json(workdir / "summary.json")
-    assert summary["status"] == "preempted"
-    stopped = summary["steps_completed"]
-    assert 20 <= stopped < RESUME["train.steps"]
-    assert stopped in checkpoint_steps(workdir)  # saved on the way out
-    assert "preempted" in out
+    assert summary["status"] == "preempted" and summary["signal"] == "SIGTERM"
+    assert summary["steps_completed"] == 23
+    assert 23 in checkpoint_steps(workdir)  # saved on the way out
+    assert "preempted" in stopped.stdout
 
     result = run_cli(workdir, RESUME)
     assert result.returncode == 0, result.stderr
@@ -348,18 +323,13 @@ def test_resume_after_sigterm_is_bitwise_identical(resume_base):
 
 def test_resume_after_sigkill_is_bitwise_identical(resume_base):
     workdir = resume_base / "sigkill"
-    process = start_cli(workdir, RESUME)
-    # Past a periodic checkpoint and with metrics logged beyond it, which the resume must drop.
-    wait_for(
-        lambda: checkpoint_steps(workdir) and max(logged_steps(workdir)) >= 50,
-        process,
-        "a checkpoint and step 50",
-    )
-    process.kill()
-    process.communicate(timeout=60)
-    assert process.returncode == -signal.SIGKILL
+    # Killed at step 50: past the checkpoint at 40, with rows logged beyond it that the resume
+    # must drop.
+    killed = run_cli(workdir, RESUME, env={hooks.SIGNAL_AT_ENV: "50:SIGKILL"})
+    assert killed.returncode == -signal.SIGKILL
     assert not (workdir / "summary.json").exists()
-    assert checkpoint_steps(workdir)[-1] < RESUME["train.steps"]
+    assert checkpoint_steps(workdir) == [40]
+    assert max(logged_steps(workdir)) == 50
 
     result = run_cli(workdir, RESUME)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,175 @@
+"""A run's settings: the whole config validated in one place, and the frozen `ModelConfig`.
+
+`validate(config)` is the one check every entry point (a run, a sweep's grid, an ensemble's
+grouping) makes before anything is written; it raises `ConfigError` with one line naming the
+field. `ModelConfig` is built once from the ConfigDict and passed down the module tree, one name
+per setting from the experiment file to the attention layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from scale_ablation import policies
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+# Fields that define what is trained on what: a resumed or skipped run must not change them.
+IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
+                   "train.dtype")
+
+
+class ConfigError(ValueError):
+    """User error in the config or workdir, reported as one line before anything is written."""
+
+
+def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything that shapes the model, under the config's names (`model.*`, plus the compute
+    dtype and one policy spec per layer). Frozen and hashable: equal configs build equal
+    graphdefs, which is what lets runs share compiled programs."""
+
+    d_model: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    layer_policies: tuple[str, ...] = ()
+    mlp_ratio: int = 4
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    positions: str = "learned"
+    max_seq_len: int = 1024
+    init: str = "fan_in"
+    init_gain: float = 1.0
+    logits_dtype: str = "float32"
+    attention_dropout: float = 0.0
+    attention_impl: str = "reference"
+    dtype: str = "float32"
+    vocab_size: int = 256
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
+        """The model of a run config (raises ConfigError naming a bad field)."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"layer_policies", "dtype",
+                                                             "vocab_size"}
+        model = cls(**{name: config.model[name] for name in fields},
+                    layer_policies=tuple(layer_policy_specs(config)), dtype=config.train.dtype)
+        model.check()
+        return model
+
+    def check(self) -> None:
+        if min(self.head_dim, self.num_heads, self.d_model, self.num_layers) <= 0:
+            raise ConfigError("model.head_dim, num_heads, d_model and num_layers must be "
+                              f"positive, got {self.head_dim}, {self.num_heads}, {self.d_model}, "
+                              f"{self.num_layers}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"model.positions=rotary needs an even model.head_dim, "
+                              f"got {self.head_dim}")
+        _choice("train.dtype", self.dtype, tuple(DTYPES))
+        _choice("model.logits_dtype", self.logits_dtype, ("float32", "activation"))
+        _choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
+        _choice("model.norm_position", self.norm_position, ("pre", "post"))
+        _choice("model.positions", self.positions, ("learned", "rotary"))
+        _choice("model.init", self.init, ("fan_in", "xavier"))
+        _choice("model.attention_impl", self.attention_impl, ("reference", "fused"))
+        if len(self.layer_policies) != self.num_layers:
+            raise ConfigError(f"{len(self.layer_policies)} layer policies for "
+                              f"model.num_layers={self.num_layers}")
+        for spec in self.layer_policies:
+            policies.get(spec)  # ValueError naming the policy
+            policies.get(spec).base_scale(self.head_dim)  # e.g. 1/ln(d_k) at d_k = 1
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    @property
+    def attention_logits_dtype(self) -> Any:
+        """float32, or None: the activations' own dtype (the article's pitfall 3)."""
+        return jnp.float32 if self.logits_dtype == "float32" else None
+
+
+def layer_policy_specs(config: ml_collections.ConfigDict) -> list[str]:
+    """One policy spec per layer: `layer_policies` (comma-separated) if set, else `policy`."""
+    num_layers = config.model.num_layers
+    if config.get("layer_policies"):
+        specs = [s.strip() for s in config.layer_policies.split(",")]
+        if len(specs) != num_layers:
+            raise ConfigError(
+                f"layer_policies lists {len(specs)} policies for model.num_layers={num_layers}"
+            )
+        return specs
+    return [config.policy] * num_layers
+
+
+def validate(config: ml_collections.ConfigDict) -> ModelConfig:
+    """Check a whole run config; return its ModelConfig. Raises ConfigError naming the field."""
+    try:
+        _validate_train(config)
+        model = ModelConfig.from_config(config)
+    except ConfigError:
+        raise
+    except (ValueError, ZeroDivisionError, ArithmeticError) as error:
+        raise ConfigError(str(error)) from None
+    mode = config.get("wandb", {}).get("mode", "auto")
+    _choice("wandb.mode", mode, WANDB_MODES)
+    return model
+
+
+def _validate_train(config: ml_collections.ConfigDict) -> None:
+    t, d, m = config.train, config.data, config.model
+    if t.lr <= 0 or not math.isfinite(t.lr):
+        raise ConfigError(f"train.lr must be positive, got {t.lr}")
+    if t.steps <= 0:
+        raise ConfigError(f"train.steps must be positive, got {t.steps}")
+    if t.batch_size <= 0 or t.batch_size % jax.device_count():
+        raise ConfigError(f"train.batch_size={t.batch_size} must be a positive multiple of the "
+                          f"{jax.device_count()} devices")
+    if d.seq_len <= 0 or (m.positions == "learned" and d.seq_len > m.max_seq_len):
+        raise ConfigError(f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len="
+                          f"{m.max_seq_len}")
+    for seq_len in t.get("eval_seq_lens", ()):
+        if seq_len <= 0 or (m.positions == "learned" and seq_len > m.max_seq_len):
+            raise ConfigError(f"train.eval_seq_lens: {seq_len} must be in 1..model.max_seq_len="
+                              f"{m.max_seq_len} with learned positions (rotary has no limit)")
+    for field in ("log_every", "eval_every", "diag_every"):
+        if t[field] < 0:
+            raise ConfigError(f"train.{field} must be >= 0, got {t[field]}")
+    if config.checkpoint.every < 0:
+        raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
+
+
+def changed_identity_fields(old: dict, new: dict) -> list[str]:
+    """Dotted names of the identity fields that differ between two config dicts."""
+    old_flat, new_flat = _flatten(old), _flatten(new)
+    keys = sorted(set(old_flat) | set(new_flat))
+    return [
+        key for key in keys
+        if any(key == f or key.startswith(f + ".") for f in IDENTITY_FIELDS)
+        and _normalise(old_flat.get(key)) != _normalise(new_flat.get(key))
+    ]
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _normalise(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

@@ -1,0 +1,138 @@
+"""Periodic work around the train step, as a list of hooks (in the spirit of clu's periodic
+actions): each is a function of (member, tick) and how often it runs.
+
+After every step, for each member that did not diverge, the loop calls the due hooks in list
+order. Hooks before `write_row` (the built-in ones, then a run's extra hooks) add to `tick.row`,
+which `write_row` logs as one row at that step; hooks after it see the row as logged. Adding periodic work is one function and one line:
+
+    def count_tokens(member, tick):
+        tick.row["tokens"] = tick.step * member.tokens_per_step
+
+    train.train(config, workdir, extra_hooks=[hooks.Periodic(100, count_tokens)])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import ml_collections
+
+from scale_ablation.steps import TrainState
+
+if TYPE_CHECKING:
+    from scale_ablation.loop import Member
+
+
+@dataclasses.dataclass
+class Tick:
+    """What a hook sees after a step."""
+
+    step: int  # steps done: the step the row is logged at
+    last: bool  # the run's final step
+    metrics: dict[str, float]  # this step's train metrics (train/loss, train/grad_norm, ...)
+    step_seconds: float  # wall time of the whole (ensemble) step
+    state: Callable[[], TrainState]  # the member's state after the step, cut at most once
+    row: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+Action = Callable[["Member", Tick], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Periodic:
+    """Run `action` every `every` steps (never when 0), and at the last step if `at_last`."""
+
+    every: int
+    action: Action
+    at_last: bool = True
+
+    def due(self, tick: Tick) -> bool:
+        return bool(self.every) and (tick.step % self.every == 0 or (self.at_last and tick.last))
+
+
+def log_train_metrics(member: Member, tick: Tick) -> None:
+    row = tick.row
+    row.update(tick.metrics)
+    row["train/bpb"] = row["train/loss"] / math.log(2)
+    row["train/lr"] = float(member.config.train.lr * member.schedule(tick.step - 1))
+    row["perf/step_seconds"] = tick.step_seconds
+    if member.clock.tokens_per_second is not None:
+        row["perf/tokens_per_second"] = member.clock.tokens_per_second
+
+
+def evaluate(member: Member, tick: Tick) -> None:
+    tick.row.update(member.evaluate(tick.state()))
+
+
+def diagnose(member: Member, tick: Tick) -> None:
+    tick.row.update(member.evaluator.diagnose(tick.state()))
+
+
+def write_row(member: Member, tick: Tick) -> None:
+    if tick.row:
+        member.trackers.log(tick.step, tick.row)
+
+
+def print_progress(member: Member, tick: Tick) -> None:
+    clock, total = member.clock, member.config.train.steps
+    seconds_per_step = clock.seconds / clock.steps if clock.steps else float("nan")
+    text = (f"{member.label}step {tick.step}/{total}  "
+            f"loss {tick.row.get('train/loss', float('nan')):.4f}")
+    if "val/loss" in tick.row:
+        text += f"  val {tick.row['val/loss']:.4f}"
+    text += (f"  {member.tokens_per_step / seconds_per_step:,.0f} tok/s  "
+             f"eta {(total - tick.step) * seconds_per_step:.0f}s")
+    print(text, flush=True)
+
+
+def save_checkpoint(member: Member, tick: Tick) -> None:
+    member.checkpoints.save(tick.step, tick.state())
+
+
+def default_hooks(config: ml_collections.ConfigDict,
+                  extra: Sequence[Periodic] = ()) -> list[Periodic]:
+    """What every run does: log, evaluate (always at the end: the summary needs it), diagnose,
+    then the `extra` hooks, then write the row, print progress, checkpoint."""
+    t = config.train
+    return [
+        Periodic(t.log_every, log_train_metrics),
+        Periodic(t.eval_every or t.steps, evaluate),
+        Periodic(t.diag_every, diagnose),
+        *extra,
+        Periodic(1, write_row),
+        Periodic(t.log_every, print_progress, at_last=False),
+        Periodic(config.checkpoint.every, save_checkpoint, at_last=False),
+    ]
+
+
+SIGNAL_AT_ENV = "SCALE_ABLATION_SIGNAL_AT"
+
+
+def signal_at(spec: str) -> Periodic:
+    """Fault injection for tests: `STEP[:SIGNAME]` sends this process SIGNAME (default SIGTERM)
+    once step STEP is done (its row logged and its checkpoint, if due, written), so that a test
+    stops a run at a chosen step instead of racing a signal against the clock."""
+    step, _, name = spec.partition(":")
+    try:
+        signum = signal.Signals[name or "SIGTERM"]
+        step_number = int(step)
+    except (KeyError, ValueError):
+        raise ValueError(f"{SIGNAL_AT_ENV}={spec!r}: expected STEP[:SIGNAME], "
+                         "e.g. 40:SIGKILL") from None
+
+    def send(member: Member, tick: Tick) -> None:
+        if tick.step == step_number:
+            os.kill(os.getpid(), signum)
+
+    return Periodic(1, send)
+
+
+def hooks_from_environment(environ: dict[str, str]) -> list[Periodic]:
+    """The fault-injection hooks an environment asks for (none unless SIGNAL_AT_ENV is set)."""
+    spec = environ.get(SIGNAL_AT_ENV, "")
+    return [signal_at(spec)] if spec else []

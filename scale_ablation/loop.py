@@ -1,0 +1,215 @@
+"""The training loop: K >= 1 runs stepped as one program, with hooks for everything periodic.
+
+A single run is an ensemble of one. Each member keeps its own run directory, trackers,
+checkpoints and summary; the loop steps their states together (`ensemble.MemberAxis`), checks
+each for divergence, runs each member's hooks, and handles preemption (SIGTERM/SIGINT) for all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import signal
+import time
+from collections.abc import Sequence
+
+import jax
+
+from scale_ablation.ensemble import MemberAxis
+from scale_ablation.evaluation import Evaluator
+from scale_ablation.hooks import Periodic, Tick
+from scale_ablation.optim import lr_multiplier
+from scale_ablation.run_files import SUMMARY_FIELDS
+from scale_ablation.runs import PreparedRun
+from scale_ablation.steps import TrainState
+from scale_ablation.tracking import RunTrackers, open_trackers
+from scale_ablation.wandb_tracker import WandbSettings
+
+
+@dataclasses.dataclass
+class Clock:
+    """Training time of this attempt; a process's first step (compilation) is not counted."""
+
+    tokens_per_step: int
+    wall_before: float  # wall seconds of earlier attempts (resumed runs)
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.steps, self.seconds = self.steps + 1, self.seconds + seconds
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.tokens_per_step * self.steps / self.seconds if self.seconds else None
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.wall_before + time.perf_counter() - self.started
+
+
+def run_tags(run: PreparedRun) -> list[str]:
+    config = run.config
+    return [*config.wandb.tags, f"policy={config.policy}", f"d_k={config.model.head_dim}"]
+
+
+class Member:
+    """One run in the loop: trackers, evaluator, clock, hooks, and its summary once finished."""
+
+    def __init__(self, run: PreparedRun, label: str, hooks: Sequence[Periodic]):
+        self.run, self.config, self.label, self.hooks = run, run.config, label, list(hooks)
+        self.checkpoints = run.checkpoints
+        self.evaluator = Evaluator(run)
+        self.schedule = lr_multiplier(run.optimizer)
+        self.tokens_per_step = self.config.train.batch_size * self.config.data.seq_len
+        self.start_step = int(run.state["step"])
+        self.clock = Clock(self.tokens_per_step, (run.previous or {}).get("wall_seconds") or 0.0)
+        self.summary: dict | None = None
+        self.trackers: RunTrackers = open_trackers(
+            run.workdir, self.config.to_dict(),
+            wandb=WandbSettings.of(self.config.wandb.to_dict(), tags=tuple(run_tags(run))),
+            resume_step=run.resume_step, enable=jax.process_index() == 0)
+        self.last = {"train/loss": self._logged_train_loss(), "val/loss": None, "val/bpb": None}
+
+    def _logged_train_loss(self) -> float | None:
+        """A resumed run's train loss at its checkpoint, as logged then (None if not logged)."""
+        files = self.trackers.files
+        rows = files.read_metrics() if files is not None and self.start_step else []
+        return next((r.get("train/loss") for r in rows if r["step"] == self.start_step), None)
+
+    def evaluate(self, state: TrainState) -> dict[str, float]:
+        row = self.evaluator.evaluate(state)
+        self.last.update({"val/loss": row["val/loss"], "val/bpb": row["val/bpb"]})
+        return row
+
+    def begin(self, state: TrainState) -> None:
+        """Step 0: the model at initialisation, the reference for LR sensitivity and for how
+        far training moves the attention statistics."""
+        t = self.config.train
+        if self.start_step == 0 and (t.eval_every or t.diag_every):
+            self.trackers.log(0, {**(self.evaluate(state) if t.eval_every else {}),
+                                  **(self.evaluator.diagnose(state) if t.diag_every else {})})
+
+    def after_step(self, tick: Tick) -> None:
+        """Divergence check, then the due hooks. Sets `summary` if the run diverged."""
+        if tick.step - 1 > self.start_step:  # a process's first step includes compilation
+            self.clock.add(tick.step_seconds)
+        if not tick.metrics.pop("train/finite"):
+            self.trackers.log(tick.step, {**tick.metrics, "train/diverged": 1.0})
+            print(f"{self.label}step {tick.step}: non-finite loss or gradient norm, "
+                  "run diverged", flush=True)
+            self.finish("diverged", tick.step - 1, diverged_at_step=tick.step)
+            return
+        self.last["train/loss"] = tick.metrics["train/loss"]
+        for hook in self.hooks:
+            if hook.due(tick):
+                hook.action(self, tick)
+
+    def preempt(self, step: int, state: TrainState, signum: int) -> None:
+        """Checkpoint `state` (before `step`) and record the run as preempted."""
+        self.checkpoints.save(step, state)
+        self.finish("preempted", step, signal=signal.Signals(signum).name)
+
+    def complete(self, state: TrainState) -> None:
+        steps = self.config.train.steps
+        if self.start_step >= steps:  # killed after the final checkpoint, before summary.json
+            self.evaluate(state)
+        self.checkpoints.save(steps, state)
+        self.finish("completed", steps)
+
+    def finish(self, status: str, step: int, **extra) -> None:
+        """Write the summary and close the member's trackers and checkpoints."""
+        summary = {
+            "status": status,
+            "steps_completed": step,
+            "final_train_loss": self.last["train/loss"],
+            "final_val_loss": self.last["val/loss"],
+            "final_val_bpb": self.last["val/bpb"],
+            "diverged_at_step": None,
+            "wall_seconds": self.clock.wall_seconds,
+            "tokens_per_second": self.clock.tokens_per_second,
+            **extra,
+        }
+        self._close(summary)
+
+    def fail(self, error: Exception) -> None:
+        """summary.json says `failed` and why."""
+        self._close({"status": "failed", "error": f"{type(error).__name__}: {error}"})
+
+    def _close(self, summary: dict) -> None:
+        self.trackers.summary(summary)
+        # Field for field what summary.json holds, so that rerunning a finished run (which
+        # returns summary.json) gives back an equal dict.
+        self.summary = {**dict.fromkeys(SUMMARY_FIELDS), **summary,
+                        "wandb_run_id": self.trackers.wandb_run_id}
+        self.trackers.finish(exit_code=1 if summary["status"] == "failed" else 0)
+        self.checkpoints.close()
+
+
+class PreemptionFlag:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            # Outside the main thread signals cannot be caught: leave them to the caller.
+            with contextlib.suppress(ValueError):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run_members(members: Sequence[Member]) -> None:
+    """Train the members (prepared to start from one step) to their end; each ends with a
+    summary. On an exception, members without one are recorded failed, and it is re-raised."""
+    try:
+        _loop(list(members))
+    except Exception as error:
+        for member in members:
+            if member.summary is None:
+                member.fail(error)
+        raise
+
+
+def _loop(members: list[Member]) -> None:
+    first = members[0]
+    t = first.config.train
+    axis = MemberAxis([m.run for m in members])
+    state = axis.stack([m.run.take_state() for m in members])
+    for index, member in enumerate(members):
+        member.begin(axis.member_state(state, index))
+    active = list(range(len(members)))
+    with PreemptionFlag() as preemption:
+        for step in range(first.start_step, t.steps):
+            if preemption.signal is not None:
+                for index in active:
+                    members[index].preempt(step, axis.member_state(state, index),
+                                           preemption.signal)
+                return
+            started = time.perf_counter()
+            batch = axis.batch([m.run.source for m in members], step)
+            state, metrics = axis.step(state, batch, step)
+            metrics = jax.device_get(metrics)  # every value (K,), or scalar when K = 1
+            seconds = time.perf_counter() - started  # each member is charged the whole step
+            for index in list(active):
+                members[index].after_step(Tick(
+                    step=step + 1, last=step + 1 == t.steps, step_seconds=seconds,
+                    metrics=axis.member_metrics(metrics, index),
+                    state=functools.cache(functools.partial(axis.member_state, state, index))))
+                if members[index].summary is not None:  # diverged: frozen, its numbers unread
+                    active.remove(index)
+            if not active:
+                return
+    for index in active:
+        members[index].complete(axis.member_state(state, index))
+

@@ -1,0 +1,145 @@
+"""The pure, jitted programs of a run: train step, evaluation and attention diagnostics.
+
+The NNX functional style: the model is split once into (graphdef, params, rest) and merged
+inside each program, so the whole train state is a plain pytree that checkpoints, shards and
+stacks. `rest` holds non-trained state such as each layer's `ScaleValue`.
+
+One cache of compiled programs serves every run of a process: runs with the same graphdef,
+optimiser settings and z-loss (every scalar policy at one d_k, every seed and lr) share them,
+alone or as members of one ensemble.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from scale_ablation import diagnostics
+from scale_ablation.optim import OptimizerSettings, make_optimizer
+
+TrainState = dict[str, Any]  # {"params", "rest", "opt_state", "step", "lr"}
+
+
+def cross_entropy(logits, targets, weights, z_loss: float):
+    """Weighted mean next-byte loss (nats) plus z_loss·mean(log Z²)."""
+    log_z = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
+    nll = log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    total_weight = jnp.maximum(weights.sum(), 1.0)
+    loss = (nll * weights).sum() / total_weight
+    return loss, loss + z_loss * ((log_z**2) * weights).sum() / total_weight
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
+    """(state, batch, dropout_key) -> (state, metrics), pure. A non-finite loss or gradient
+    leaves the state untouched, so a diverged run (or ensemble member) keeps its last good
+    parameters and its neighbours in a vmapped ensemble are unaffected."""
+
+    def train_step(state: TrainState, batch: dict, dropout_key):
+        def loss_fn(params):
+            model = nnx.merge(graphdef, params, state["rest"])
+            logits, _ = model(batch["inputs"], dropout_key=dropout_key)
+            return cross_entropy(logits, batch["targets"], batch["weights"], z_loss)[::-1]
+
+        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        updates = jax.tree.map(lambda u: u * state["lr"], updates)
+        params = optax.apply_updates(state["params"], updates)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
+        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+        metrics = {
+            "train/loss": loss,
+            "train/grad_norm": grad_norm,
+            "train/update_norm": optax.global_norm(updates),
+            "train/param_norm": optax.global_norm(params),
+            "train/finite": finite,
+        }
+        return new_state, metrics
+
+    return train_step
+
+
+
+def make_eval_step(graphdef):
+    """(state, batch) -> summed loss, weight and correct predictions over the batch."""
+
+    def eval_step(state: TrainState, batch: dict):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+        logits, _ = model(batch["inputs"])
+        weights = batch["weights"]
+        loss, _ = cross_entropy(logits, batch["targets"], weights, 0.0)
+        correct = ((logits.argmax(-1) == batch["targets"]) * weights).sum()
+        return loss * weights.sum(), weights.sum(), correct
+
+    return eval_step
+
+
+def make_diagnostics_step(graphdef):
+    """(state, batch) -> flat per-layer attention statistics from the reference path."""
+
+    def diagnostics_step(state: TrainState, batch: dict):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+        _, layer_stats = model(batch["inputs"], with_diagnostics=True)
+        out = {}
+        for index, stats in enumerate(layer_stats):
+            out.update(diagnostics.summarise_layer(stats, f"attn/layer{index}"))
+        return out
+
+    return diagnostics_step
+
+
+def dropout_key(seed: int | jax.Array, step: int | jax.Array) -> jax.Array:
+    """The dropout key of `step`: a function of (seed, step) only, so that a resumed run, or an
+    ensemble member (vmapped over `seed`), draws the masks its uninterrupted solo run draws."""
+    return jax.random.fold_in(jax.random.key(seed + 1), step)
+
+
+def over_members(step: Callable, backend: str) -> Callable:
+    """`step` over a leading member axis K. On a CPU the matmuls of one small model already
+    keep the cores busy and vmap's batched matmuls ran slower than K solo steps (0.7x for 8
+    tiny members, benchmarks/run.py `ensemble_detail`), while stepping the members in turn
+    inside one program ran 1.1x faster; accelerators want the one wide vmapped program."""
+    if backend == "cpu":
+        return lambda states, batches, keys: jax.lax.map(lambda a: step(*a),
+                                                         (states, batches, keys))
+    return jax.vmap(step)
+
+
+@dataclasses.dataclass
+class Programs:
+    """The jitted programs of one (graphdef, optimiser settings, z_loss)."""
+
+    train: Callable  # (state, batch, key) -> (state, metrics); donates the state
+    train_members: Callable  # the same over a leading member axis K (jit compiles once per K)
+    eval: Callable
+    diagnostics: Callable
+
+
+_PROGRAMS: dict[tuple, Programs] = {}
+
+
+def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Programs:
+    """The shared programs for a model structure and optimiser, built on first use."""
+    key = (graphdef, settings, z_loss)
+    if key not in _PROGRAMS:
+        step = make_train_step(graphdef, make_optimizer(settings), z_loss)
+        _PROGRAMS[key] = Programs(
+            train=jax.jit(step, donate_argnums=0),
+            train_members=jax.jit(over_members(step, jax.default_backend()), donate_argnums=0),
+            eval=jax.jit(make_eval_step(graphdef)),
+            diagnostics=jax.jit(make_diagnostics_step(graphdef)),
+        )
+    return _PROGRAMS[key]
+
+
+def train_step_compilations() -> int:
+    """Train-step programs (solo and ensemble) compiled so far by this process."""
+    return sum(p.train._cache_size() + p.train_members._cache_size()
+               for p in _PROGRAMS.values())

@@ -1,0 +1,66 @@
+"""Hooks: periodic work added to a run with one function and one line, and the fault-injection
+hook that stops a run at a chosen step."""
+
+import pathlib
+
+import pytest
+from helpers import read_json
+
+from scale_ablation import experiment, hooks, train
+from scale_ablation.run_files import RunFiles
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+QUICK = str(REPO / "experiments" / "base.py") + ":quick"
+TINY = {
+    "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
+    "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4, "train.steps": 10,
+    "train.log_every": 2, "train.eval_every": 5, "train.diag_every": 0, "checkpoint.every": 5,
+    "wandb.mode": "disabled",
+}
+
+
+def tiny_config(**overrides):
+    return experiment.apply_overrides(experiment.load_config(QUICK), {**TINY, **overrides})
+
+
+def test_a_new_periodic_hook_is_one_function_and_one_line(tmp_path):
+    calls = []
+
+    def count_tokens(member, tick):  # the function
+        calls.append(tick.step)
+        tick.row["tokens"] = tick.step * member.tokens_per_step
+
+    summary = train.train(tiny_config(), tmp_path / "run",
+                          extra_hooks=[hooks.Periodic(3, count_tokens)])  # the line
+    assert summary["status"] == "completed"
+    assert calls == [3, 6, 9, 10]  # every 3 steps, and the last
+    rows = {row["step"]: row for row in RunFiles(tmp_path / "run").read_metrics()}
+    for step in calls:  # logged in that step's row, counted independently here
+        assert rows[step]["tokens"] == step * TINY["train.batch_size"] * TINY["data.seq_len"]
+    assert not any("tokens" in row for step, row in rows.items() if step not in calls)
+
+
+def test_periodic_due_steps():
+    hook = hooks.Periodic(4, lambda member, tick: None)
+    ticks = [hooks.Tick(step=s, last=s == 10, metrics={}, step_seconds=0.0, state=dict)
+             for s in range(1, 11)]
+    assert [t.step for t in ticks if hook.due(t)] == [4, 8, 10]
+    assert [t.step for t in ticks if hooks.Periodic(4, hook.action, at_last=False).due(t)] == [4, 8]
+    assert not any(hooks.Periodic(0, hook.action).due(t) for t in ticks)
+
+
+def test_signal_at_stops_a_run_at_the_chosen_step(tmp_path):
+    (stop,) = hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: "7:SIGTERM"})
+    summary = train.train(tiny_config(), tmp_path / "run", extra_hooks=[stop])
+    assert summary["status"] == "preempted" and summary["signal"] == "SIGTERM"
+    assert summary["steps_completed"] == 7
+    assert read_json(tmp_path / "run" / "summary.json")["steps_completed"] == 7
+    assert (tmp_path / "run" / "checkpoints" / "7").is_dir()
+    resumed = train.train(tiny_config(), tmp_path / "run")
+    assert resumed["status"] == "completed" and resumed["steps_completed"] == 10
+
+
+@pytest.mark.parametrize("spec", ["x", "3:SIGNOPE", "abc:SIGKILL"])
+def test_signal_at_rejects_a_bad_spec(spec):
+    with pytest.raises(ValueError, match=hooks.SIGNAL_AT_ENV):
+        hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: spec})
