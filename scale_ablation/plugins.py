@@ -102,15 +102,19 @@ def _import_file(entry: str) -> types.ModuleType:
 
 
 def _describe(error: BaseException) -> str:
-    """`Type: message (file:line)`, one line, the place being where the error was raised (a
+    """`Type: message (file:line)`, one line. The place is the last frame outside importlib and
+    this package: the user's line that raised, or that called `register` with a taken name (a
     SyntaxError's message names its file and line itself)."""
     message = " ".join(str(error).split())
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    if isinstance(error, SyntaxError):
+        return text
+    package = str(pathlib.Path(__file__).resolve().parent)
+    place = None
     frame = error.__traceback__
-    while frame is not None and frame.tb_next is not None:
+    while frame is not None:
+        filename = frame.tb_frame.f_code.co_filename
+        if not filename.startswith(("<", package)):
+            place = f"{filename}:{frame.tb_lineno}"
         frame = frame.tb_next
-    where = frame.tb_frame.f_code.co_filename if frame is not None else "<"
-    # importlib's own frames (a module not found) say nothing the message does not.
-    if not where.startswith("<") and not isinstance(error, SyntaxError):
-        text += f" ({where}:{frame.tb_lineno})"
-    return text
+    return f"{text} ({place})" if place else text
