@@ -109,12 +109,13 @@ def _describe(error: BaseException) -> str:
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     if isinstance(error, SyntaxError):
         return text
-    package = str(pathlib.Path(__file__).resolve().parent)
+    skipped = ("<", str(pathlib.Path(__file__).resolve().parent),
+               str(pathlib.Path(importlib.__file__).parent))
     place = None
     frame = error.__traceback__
     while frame is not None:
         filename = frame.tb_frame.f_code.co_filename
-        if not filename.startswith(("<", package)):
+        if not filename.startswith(skipped):
             place = f"{filename}:{frame.tb_lineno}"
         frame = frame.tb_next
     return f"{text} ({place})" if place else text
