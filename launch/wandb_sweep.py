@@ -58,14 +58,14 @@ def sweep_definition(
 ) -> dict[str, Any]:
     """The W&B sweep definition that runs every point of `spec`'s grid (plus `add_policies`)
     exactly once, each run importing `imports` first."""
+    for policy_spec in add_policies:  # typed just now: a typo should fail here, not in each run
+        policies.get(policy_spec)
     grid = experiment.load_grid(spec, add_policies)
     if not grid:
         raise ValueError(f"{spec}: the grid is empty")
     base = experiment.load_config(spec)
-    for point in grid:  # a typo in a key or a policy should fail here, not in every W&B run
+    for point in grid:  # a typo in a key should fail here, not in every W&B run
         experiment.apply_overrides(base, point)
-        if "policy" in point:
-            policies.get(point["policy"])
     head = " ".join([_MAIN, f"--config={shlex.quote(spec)}",
                      *map(shlex.quote, plugins.flag_args(imports))])
     parameters = product_parameters(grid)
