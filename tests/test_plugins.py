@@ -180,7 +180,8 @@ def test_load_error_for_a_module_that_is_not_there():
 # --------------------------------------------------------------------------- command line
 
 
-@pytest.mark.parametrize("case", sorted(BAD_IMPORTS))
+# The three the command line must survive (a SyntaxError takes the path of any exception).
+@pytest.mark.parametrize("case", ["missing", "raises", "duplicate"])
 def test_sweep_refuses_a_bad_import_and_writes_nothing(case, tmp_path):
     text, message = BAD_IMPORTS[case]
     path = tmp_path / "user" / f"bad_{case}.py"
