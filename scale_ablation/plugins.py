@@ -88,6 +88,10 @@ def _import_file(entry: str) -> types.ModuleType:
         raise _EntryError(f"a module named {name!r} is already imported "
                             f"(from {getattr(existing, '__file__', None) or 'a built-in'}); "
                             "rename the file")
+    # Its own imports of files beside it work, as when Python runs it; appended, so that a file
+    # there cannot shadow an installed module.
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise _EntryError("not a Python file")

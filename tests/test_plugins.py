@@ -135,7 +135,10 @@ def test_register_refuses_a_taken_name():
 
 
 def test_load_imports_files_and_modules(tmp_path, monkeypatch):
-    by_file = write(tmp_path / "plugin_by_file.py", USER_POLICY.replace("{name}", "pl_by_file"))
+    # The file imports a helper beside it, as a script may.
+    write(tmp_path / "plugin_helper.py", "FACTOR = 0.5\n")
+    text = USER_POLICY.replace("{name}", "pl_by_file").replace("0.5 /", "plugin_helper.FACTOR /")
+    by_file = write(tmp_path / "plugin_by_file.py", "import plugin_helper\n" + text)
     write(tmp_path / "pkg" / "plugin_pkg" / "__init__.py", "")
     write(tmp_path / "pkg" / "plugin_pkg" / "mod.py", USER_POLICY.replace("{name}", "pl_by_mod"))
     monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
