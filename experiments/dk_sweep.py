@@ -7,6 +7,8 @@ The article says every scale but 1/√d_k diverged or oscillated within 500 step
 policy trains at d_k ∈ {16, 64, 256, 1024} with num_heads × head_dim decoupled from d_model, and
 the report gives final validation bits per byte, the divergence step and attention diagnostics.
 `quick` fits a 2-core CPU in about 15 minutes (one seed); the default is sized for one GPU.
+A policy of your own joins the grid at every d_k with no edit here (README, "Add your policy and
+sweep it"): add `--imports=my_policy.py --add_policies=my_policy` to the sweep command.
 """
 
 from experiments import base

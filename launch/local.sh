@@ -4,9 +4,11 @@
 #   launch/local.sh                                   # experiments/dk_sweep.py:quick -> runs/dk_sweep_quick
 #   launch/local.sh experiments/dk_sweep.py runs/dk --parallel=2
 #   launch/local.sh --dry_run                         # print the commands, run nothing
+#   launch/local.sh experiments/dk_sweep.py:quick runs/dk_mine --imports=my_policy.py --add_policies=my_policy
 #
 # Sets up the virtual environment first ($VENV, default .venv in the repo root; extras from
-# $EXTRAS, e.g. EXTRAS=cuda12). Paths are relative to the repo root.
+# $EXTRAS, e.g. EXTRAS=cuda12). Paths are relative to the repo root. --imports=... goes to both
+# the sweep and the report, so that each imports the same user policies.
 set -euo pipefail
 
 usage="usage: launch/local.sh [EXPERIMENT.py[:VARIANT]] [WORKDIR] [--dry_run] [SWEEP_FLAG=VALUE ...] [-- SWEEP_ARGS ...]"
@@ -17,12 +19,13 @@ quote() { if [[ $1 =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf '%s' "$1"; else p
 show() { local line="+" arg; for arg in "$@"; do line+=" $(quote "$arg")"; done; echo "$line"; }
 run() { show "$@"; [[ -n $dry_run ]] || "$@"; }
 
-dry_run="" positional=() sweep_args=()
+dry_run="" positional=() sweep_args=() report_args=()
 while (($#)); do
   case $1 in
     -h | --help) echo "$usage"; exit 0 ;;
     --dry_run) dry_run=1 ;;
     --) shift; sweep_args+=("$@"); break ;;  # verbatim, e.g. the sweep's own --dry_run
+    --imports=*) sweep_args+=("$1"); report_args+=("$1") ;;
     -*) sweep_args+=("$1") ;;
     *) positional+=("$1") ;;
   esac
@@ -61,5 +64,5 @@ fi
 # sweep (which writes one only when every run finished); the exit status stays the sweep's.
 status=0
 run "$python" -m scale_ablation.sweep --config="$spec" --workdir="$workdir" --noreport ${sweep_args[@]+"${sweep_args[@]}"} || status=$?
-run "$python" -m scale_ablation.report "$workdir"
+run "$python" -m scale_ablation.report ${report_args[@]+"${report_args[@]}"} "$workdir"
 exit "$status"

@@ -7,7 +7,8 @@
 #   launch/tpu_vm.sh --dry_run --zone=...             # print the gcloud commands, run nothing
 #
 # Flags override the environment: TPU_NAME, TPU_ZONE, TPU_TYPE, TPU_VERSION. Arguments after
-# `--` (and any --config.FIELD=VALUE) go to scale_ablation.main. On a multi-host slice every
+# `--` (and any --config.FIELD=VALUE or --imports=...) go to scale_ablation.main; files named by
+# --imports must lie inside this checkout, which is what the VM gets. On a multi-host slice every
 # worker runs main and jax.distributed.initialize() finds its peers from the TPU metadata.
 # Checkpoints of a multi-host run need a directory every worker sees (e.g. a gs:// --workdir, if
 # main is given one); a local --workdir is copied back from worker 0 only.
@@ -33,7 +34,7 @@ while (($#)); do
     --workdir=*) workdir=${1#*=} ;;
     --delete) delete=1 ;;
     --dry_run) dry_run=1 ;;
-    --config.*) main_args+=("$1") ;;
+    --config.* | --imports=*) main_args+=("$1") ;;
     --) shift; main_args+=("$@"); break ;;
     *) die "unknown argument '$1' (see --help; flags take --flag=value)" ;;
   esac
@@ -53,6 +54,17 @@ if [[ -z $version ]]; then
 fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ -f ${spec%%:*} ]] || die "experiment file not found: ${spec%%:*}"
+# A policy file given to --imports travels with the checkout: it must be a file inside it.
+for arg in ${main_args[@]+"${main_args[@]}"}; do
+  [[ $arg == --imports=* ]] || continue
+  IFS=, read -ra entries <<< "${arg#--imports=}"
+  for entry in ${entries[@]+"${entries[@]}"}; do
+    [[ $entry == *.py || $entry == */* ]] || continue  # a module name: installed or in the checkout
+    [[ -f $entry ]] || die "--imports: file not found: $entry"
+    [[ $(cd "$(dirname "$entry")" && pwd)/ == "$PWD"/* ]] || die "--imports: $entry is outside the checkout, which is all the TPU VM gets; move it inside"
+    [[ $entry != /* ]] || die "--imports: give $entry relative to the repo root (the VM's copy of the checkout is elsewhere)"
+  done
+done
 if [[ -z $workdir ]]; then
   workdir=runs/$(basename "${spec%%:*}" .py)
   [[ $spec == *:* ]] && workdir+="_${spec#*:}"

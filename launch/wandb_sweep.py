@@ -4,6 +4,12 @@ r"""Turn an experiment's grid into a W&B sweep definition (method: grid).
   wandb sweep sweep.yaml            # prints the sweep id
   wandb agent ENTITY/PROJECT/SWEEP_ID   # from the repo root, on as many machines as you like
 
+Policies of your own: `--imports=my_policy.py` imports the file here (so `--add_policies` and the
+grid can name its policies) and puts the same flag in every run's command, so each agent's run
+imports it too: give paths relative to the repo root, where agents start, and make the file
+reachable there on every machine. `--add_policies=SPEC,...` adds policies to the grid at every
+setting of its other keys (`scale_ablation.experiment.with_policies`).
+
 How a run gets its overrides. The W&B agent replaces a command element that is exactly `${args}`
 with one `--NAME=VALUE` per parameter (wandb/sdk/launch/sweeps/utils.py,
 create_sweep_command_args; its docs say `--NAME VALUE`, the code writes `--NAME=VALUE`). Naming
@@ -39,22 +45,27 @@ from typing import Any
 import yaml
 from absl import app, flags
 
-from scale_ablation import experiment, runtime
+from scale_ablation import experiment, plugins, policies, runtime
 
 _MAIN = "python -m scale_ablation.main"
 
 
 def sweep_definition(
-    spec: str, workdir: str, *, name: str, project: str | None = None, entity: str | None = None
+    spec: str, workdir: str, *, name: str, project: str | None = None, entity: str | None = None,
+    imports: tuple[str, ...] = (), add_policies: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """The W&B sweep definition that runs every point of `spec`'s grid exactly once."""
-    grid = experiment.load_grid(spec)
+    """The W&B sweep definition that runs every point of `spec`'s grid (plus `add_policies`)
+    exactly once, each run importing `imports` first."""
+    for policy_spec in add_policies:  # typed just now: a typo should fail here, not in each run
+        policies.get(policy_spec)
+    grid = experiment.load_grid(spec, add_policies)
     if not grid:
         raise ValueError(f"{spec}: the grid is empty")
     base = experiment.load_config(spec)
     for point in grid:  # a typo in a key should fail here, not in every W&B run
         experiment.apply_overrides(base, point)
-    head = f"{_MAIN} --config={shlex.quote(spec)}"
+    head = " ".join([_MAIN, f"--config={shlex.quote(spec)}",
+                     *map(shlex.quote, plugins.flag_args(imports))])
     parameters = product_parameters(grid)
     if parameters is not None:
         run_dir = f'{shlex.quote(workdir)}/"${{WANDB_RUN_ID:?set by the wandb agent}}"'
@@ -140,6 +151,12 @@ def _default_name(spec: str) -> str:
     return pathlib.Path(path).stem + (f"_{arg}" if arg else "")
 
 
+def _fail(message: str) -> None:
+    """Bad input: one line on stderr, exit status 2, nothing written."""
+    print(message, file=sys.stderr)
+    sys.exit(2)
+
+
 def _parse(argv: list[str]) -> list[str]:
     # absl's own --help exits 1 and has no -h; answer both with the usage and exit 0.
     if any(arg in ("-h", "--help", "--helpshort") for arg in argv[1:]):
@@ -148,11 +165,11 @@ def _parse(argv: list[str]) -> list[str]:
     try:
         rest = flags.FLAGS(argv)
     except flags.Error as error:
-        sys.exit(f"wandb_sweep.py: {error}")
+        _fail(f"wandb_sweep.py: {error}")
     if len(rest) > 1:
-        sys.exit(f"wandb_sweep.py: unexpected argument {rest[1]!r} (see --help)")
+        _fail(f"wandb_sweep.py: unexpected argument {rest[1]!r} (see --help)")
     if not _CONFIG.value:
-        sys.exit("wandb_sweep.py: --config=experiments/X.py[:arg] is required")
+        _fail("wandb_sweep.py: --config=experiments/X.py[:arg] is required")
     return rest
 
 
@@ -162,15 +179,18 @@ def main(argv: list[str]) -> None:
     runtime.make_experiments_importable(spec)  # the process edge
     name = _NAME.value or _default_name(spec)
     try:
+        plugins.load(_IMPORTS.value)
         definition = sweep_definition(
             spec,
             _WORKDIR.value or f"runs/wandb_{name}",
             name=name,
             project=_PROJECT.value,
             entity=_ENTITY.value,
+            imports=tuple(_IMPORTS.value),
+            add_policies=tuple(_ADD_POLICIES.value),
         )
     except ValueError as error:
-        sys.exit(f"wandb_sweep.py: {error}")
+        _fail(f"wandb_sweep.py: {error}")
     text = yaml.safe_dump(definition, sort_keys=False, width=1000)
     if _OUT.value:
         pathlib.Path(_OUT.value).write_text(text)
@@ -189,4 +209,8 @@ if __name__ == "__main__":
     _PROJECT = flags.DEFINE_string("project", None, "W&B project of the sweep.")
     _ENTITY = flags.DEFINE_string("entity", None, "W&B entity (user or team) of the sweep.")
     _NAME = flags.DEFINE_string("name", None, "Sweep name (default <experiment>_<arg>).")
+    _IMPORTS = plugins.imports_flag()
+    _ADD_POLICIES = flags.DEFINE_list(
+        "add_policies", [], "Policy specs to add to the grid, comma-separated: one more point per "
+        "setting of the grid's other keys.")
     app.run(main, flags_parser=_parse)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -53,12 +54,41 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
     return module.get_config(arg)
 
 
-def load_grid(spec: str) -> list[Overrides]:
-    """The experiment's grid points; a file without `sweep` is a grid of one empty point."""
+def load_grid(spec: str, add_policies: Sequence[str] = ()) -> list[Overrides]:
+    """The experiment's grid points; a file without `sweep` is a grid of one empty point.
+
+    `add_policies`: extra policy specs, see `with_policies`."""
     module, arg = load_module(spec)
-    if not hasattr(module, "sweep"):
-        return [{}]
-    return list(module.sweep(arg))
+    grid = list(module.sweep(arg)) if hasattr(module, "sweep") else [{}]
+    return with_policies(grid, add_policies)
+
+
+def with_policies(grid: list[Overrides], specs: Sequence[str]) -> list[Overrides]:
+    """`grid` followed by each of `specs` at every setting of the other keys the grid has.
+
+    The d_k sweep with one more policy is `with_policies(dk_grid, ["my_policy"])`: one new point
+    per d_k and seed, in the grid's order, its `policy` key where the grid's points have theirs
+    (first for a point without one, which ran the config's default policy). A spec the grid
+    already has at a setting is not added again there.
+    """
+    settings: dict[tuple, Overrides] = {}  # the other keys' values -> the first point with them
+    present = set()
+    for point in grid:
+        rest = tuple((key, repr(value)) for key, value in point.items() if key != "policy")
+        settings.setdefault(rest, point)
+        present.add((rest, point.get("policy")))
+    added = []
+    for spec in specs:
+        for rest, point in settings.items():
+            if (rest, spec) in present:
+                continue
+            present.add((rest, spec))
+            if "policy" in point:
+                added.append({key: spec if key == "policy" else value
+                              for key, value in point.items()})
+            else:
+                added.append({"policy": spec, **point})
+    return [*grid, *added]
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Overrides):

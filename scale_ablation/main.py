@@ -1,6 +1,7 @@
 r"""Train one run: `python -m scale_ablation.main --config=experiments/base.py --workdir=DIR`.
 
-Override any field with `--config.FIELD=VALUE` (e.g. `--config.policy=none`). Rerunning the
+Override any field with `--config.FIELD=VALUE` (e.g. `--config.policy=none`); a policy of your
+own is one `--imports=my_policy.py` away (`scale_ablation.plugins`). Rerunning the
 same command on the same workdir resumes from the latest checkpoint. Exit codes: 0 completed or
 diverged (both are results), 1 failed, 2 bad input, 3 preempted (resume by rerunning).
 """
@@ -13,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scale_ablation import checkpoints, experiment, hooks, runtime
+from scale_ablation import checkpoints, experiment, hooks, plugins, runtime
 from scale_ablation.checkpoints import CheckpointError
 from scale_ablation.config import ConfigError
 from scale_ablation.train import train
@@ -26,6 +27,7 @@ _DISTRIBUTED = flags.DEFINE_enum(
     "Call jax.distributed.initialize(): auto = when launched under Slurm with several tasks or "
     "on a multi-host TPU slice.",
 )
+_IMPORTS = plugins.imports_flag()
 EXIT_CODES = {"completed": 0, "diverged": 0, "failed": 1, "preempted": 3}
 
 
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> int:
     runtime.normalise_environment()
     checkpoints.quiet_failed_restores()
     try:
+        plugins.load(_IMPORTS.value)  # before the config's policy is looked up
         # Before the config is touched: config_flags defers a missing file's error to first use,
         # where it surfaces as a traceback.
         module, _ = experiment.load_module(spec)

@@ -10,6 +10,14 @@ Add a policy in one function:
     def half_sqrt(arg: str | None) -> policies.ScalePolicy:
         return policies.scalar(lambda head_dim: 0.5 / head_dim**0.5)
 
+A name can be registered once (a second `register` of it raises ValueError naming both modules).
+Policies outside this package reach the command line with `--imports=my_policy.py`
+(`scale_ablation.plugins`), or, from an installed package, with no flag through the entry-point
+group `scale_ablation.policies` (`ENTRY_POINT_GROUP`):
+
+    [project.entry-points."scale_ablation.policies"]
+    my_policies = "my_package.policies"   # a module whose import registers its policies
+
 Policies whose scale is a plain number are built with `scalar`: that number is handed to the
 attention as a traced array (`base_scale`), so every scalar policy compiles to the same program
 and a batch of scale values can be vmapped.
@@ -20,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.metadata
 import math
 from collections.abc import Callable
 from typing import Any
@@ -97,6 +106,8 @@ def scalar(base_scale_fn: Callable[[int], float]) -> ScalePolicy:
 # --------------------------------------------------------------------------- registry
 
 _REGISTRY: dict[str, PolicyFactory] = {}
+ENTRY_POINT_GROUP = "scale_ablation.policies"
+_installed = {"loaded": False}  # entry points are imported once, on first lookup
 
 
 def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
@@ -105,20 +116,48 @@ def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
         raise ValueError(f"policy name {name!r} must be non-empty and contain no ':'")
 
     def decorate(factory: PolicyFactory) -> PolicyFactory:
+        if name in _REGISTRY:
+            # Silently replacing a policy would change what every run of that name measures.
+            first = getattr(_REGISTRY[name], "__module__", "?")
+            raise ValueError(f"scale policy {name!r} is registered twice: by {first} and by "
+                             f"{getattr(factory, '__module__', '?')}")
         _REGISTRY[name] = factory
         return factory
 
     return decorate
 
 
+def _load_installed() -> None:
+    """Import the modules that installed packages name in the `scale_ablation.policies` group.
+
+    Once per process, on the first `available()` or `get()`; a module that fails to import is
+    reported as a ValueError naming the entry point and its package.
+    """
+    if _installed["loaded"]:
+        return
+    _installed["loaded"] = True  # set first: a plugin may itself look policies up on import
+    for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry_point.load()
+        except Exception as error:  # whatever the plugin raises, reported as one line
+            package = entry_point.dist.name if entry_point.dist else "an installed package"
+            message = " ".join(str(error).split())
+            raise ValueError(
+                f"policy plugin {entry_point.name} = {entry_point.value} (from {package}) "
+                f"does not import: {type(error).__name__}: {message}"
+            ) from error
+
+
 def available() -> list[str]:
-    """The registered policy names."""
+    """The registered policy names, installed packages' included."""
+    _load_installed()
     return sorted(_REGISTRY)
 
 
 def get(spec: str) -> ScalePolicy:
     """A policy from a spec string `name` or `name:arg` (e.g. `const:0.1`, `inv_dk:8`)."""
     name, _, arg = str(spec).partition(":")
+    _load_installed()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -4,6 +4,7 @@ summary.csv (one row per run), summary.md (policy × d_k table of final validati
 diverged runs marked; the LR-sensitivity of Wortsman et al. 2023 when the sweep varies the
 learning rate) and PNG plots. Every number comes from the runs' own metrics.jsonl and
 summary.json. The table is also logged as a wandb.Table to a summary run in the sweep's group.
+`--imports=my_policy.py` imports user modules first, as the sweep did (`scale_ablation.plugins`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import defaultdict
 from absl import app
 from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
 
+from scale_ablation import plugins
 from scale_ablation.run_files import RunFiles
 from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
 
@@ -287,14 +289,19 @@ def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: lis
     writer.finish()
 
 
+_IMPORTS = plugins.imports_flag()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m scale_ablation.report SWEEP_DIR", file=sys.stderr)
+        print("usage: python -m scale_ablation.report [--imports=MODULE_OR_FILE,...] SWEEP_DIR",
+              file=sys.stderr)
         return 2
     if not os.path.isdir(argv[1]):
         print(f"error: no such sweep directory: {argv[1]}", file=sys.stderr)
         return 2
     try:
+        plugins.load(_IMPORTS.value)  # the sweep's policies, as its runs had them
         out = write_report(argv[1])
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

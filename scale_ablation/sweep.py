@@ -1,7 +1,7 @@
 r"""Run an experiment's grid: one run directory per point, resumable, in-process or in parallel.
 
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
-      [--parallel=N] [--noensemble] [--dry_run]
+      [--parallel=N] [--noensemble] [--dry_run] [--imports=my_policy.py] [--add_policies=SPEC,...]
 
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
 compiling and starting W&B than training, and one process shares all of that (and the compiled
@@ -10,7 +10,9 @@ learning rate train together as one vmapped ensemble (`scale_ablation.ensemble`;
 own run directory); `--noensemble` trains them one after another. `--parallel=N` runs N
 `scale_ablation.main` processes at once instead. Rerunning the command skips finished runs
 (completed or diverged) and resumes interrupted ones from their checkpoints. The report is
-written at the end.
+written at the end. `--imports` imports user modules or files (their registered policies) here
+and in every process the sweep starts; `--add_policies` adds policy specs to the experiment's grid
+at each setting of its other keys (`experiment.with_policies`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from scale_ablation import (
     experiment,
     hooks,
     jsonfiles,
+    plugins,
     report,
     runs,
     runtime,
@@ -48,6 +51,10 @@ _ENSEMBLE = flags.DEFINE_bool(
     "ensemble", True, "Train runs that differ only in a scalar policy's value, the seed or the "
     "learning rate as one vmapped program (in-process runner, --parallel=1, only).")
 
+_IMPORTS = plugins.imports_flag()
+_ADD_POLICIES = flags.DEFINE_list(
+    "add_policies", [], "Policy specs to add to the experiment's grid, comma-separated: one more "
+    "point per setting of the grid's other keys (e.g. per d_k and seed).")
 
 @dataclasses.dataclass(frozen=True)
 class Point:
@@ -56,10 +63,11 @@ class Point:
     config: object  # ml_collections.ConfigDict, resolved
 
 
-def expand(spec: str, sweep_dir: str) -> list[Point]:
-    """The grid of `spec` as resolved configs; raises ValueError naming the first bad point."""
+def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> list[Point]:
+    """The grid of `spec` (plus `add_policies`) as resolved configs; raises ValueError naming
+    the first bad point."""
     base = experiment.load_config(spec)
-    grid = experiment.load_grid(spec)
+    grid = experiment.load_grid(spec, add_policies)
     group = os.path.basename(os.path.normpath(sweep_dir))
     points, names = [], set()
     for overrides in grid:
@@ -109,8 +117,9 @@ def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
     jsonfiles.write_json_atomic(os.path.join(sweep_dir, "sweep.json"), record, sort_keys=False)
 
 
-def command(spec: str, sweep_dir: str, point: Point) -> list[str]:
+def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "scale_ablation.main", f"--config={spec}",
+            *plugins.flag_args(imports),
             f"--workdir={os.path.join(sweep_dir, point.name)}",
             f"--config.wandb.group={point.config.wandb.group}", "--config.wandb.job_type=sweep",
             *experiment.override_flags(point.overrides)]
@@ -218,7 +227,8 @@ def process_env(slot: int, gpus: list[str]) -> dict[str, str]:
 
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
-                     parallel: int, outcomes: dict[str, str] | None = None) -> bool:
+                     parallel: int, outcomes: dict[str, str] | None = None,
+                     imports: tuple[str, ...] = ()) -> bool:
     pending, running = list(todo), {}
     free_slots, gpus = list(range(parallel)), visible_gpus()
     preempted = False
@@ -227,7 +237,7 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
             while pending and free_slots and not preempted:
                 point, slot = pending.pop(0), free_slots.pop(0)
                 log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
-                process = subprocess.Popen(command(spec, sweep_dir, point), stdout=log,
+                process = subprocess.Popen(command(spec, sweep_dir, point, imports), stdout=log,
                                            stderr=subprocess.STDOUT, env=process_env(slot, gpus))
                 running[point.name] = (process, point, log, slot)
                 progress.show(running=len(running))
@@ -276,8 +286,10 @@ def main(argv: list[str]) -> int:
     runtime.normalise_environment()
     checkpoints.quiet_failed_restores()
     sweep_dir = _WORKDIR.value
+    imports = tuple(_IMPORTS.value)
     try:
-        points = expand(_CONFIG.value, sweep_dir)
+        plugins.load(imports)
+        points = expand(_CONFIG.value, sweep_dir, tuple(_ADD_POLICIES.value))
         statuses = {p.name: run_status(sweep_dir, p) for p in points}
         check_finished_runs(sweep_dir, points, statuses)
         extra_hooks = hooks.hooks_from_environment(dict(os.environ))
@@ -288,7 +300,7 @@ def main(argv: list[str]) -> int:
     if _DRY_RUN.value:
         for point in points:
             print(f"{statuses[point.name]:>10}  {point.name}")
-            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point)))
+            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point, imports)))
         print(f"{len(points)} runs, {len(todo)} to run")
         return 0
 
@@ -306,7 +318,7 @@ def main(argv: list[str]) -> int:
                                       together=_ENSEMBLE.value, extra_hooks=extra_hooks)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
-                                        outcomes)
+                                        outcomes, imports)
     finally:
         write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes)
     if not complete:

@@ -14,3 +14,24 @@ for path in (REPO, REPO / "tests"):
 # tests start, which inherit this environment) write offline run files only.
 os.environ["WANDB_MODE"] = "offline"
 os.environ["WANDB_SILENT"] = "true"
+
+
+def pytest_addoption(parser):
+    # The conformance suite in test_policies.py runs over `policies.available()`: with this
+    # option it covers a user's own policies too, e.g.
+    #   python -m pytest tests/test_policies.py --imports=my_policy.py -k my_policy
+    parser.addoption("--imports", default="", metavar="MODULE_OR_FILE[,...]",
+                     help="scale_ablation: import these (policy modules or .py files) first")
+
+
+def pytest_configure(config):
+    imports = [entry for entry in config.getoption("--imports").split(",") if entry]
+    if imports:
+        import pytest
+
+        from scale_ablation import plugins
+
+        try:
+            plugins.load(imports)
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None

@@ -114,6 +114,16 @@ def test_local_installs_only_when_needed(env, tmp_path):
     assert commands(result.stdout)[1][4] == "--workdir=runs/base"
 
 
+def test_local_passes_imports_to_the_sweep_and_the_report(env):
+    imports = "--imports=my_policy.py,my_package.policies"
+    result = bash("local.sh", "experiments/base.py:quick", "runs/x", "--dry_run", imports,
+                  "--add_policies=p", env=env)
+    assert result.returncode == 0, result.stderr
+    sweep, report = commands(result.stdout)[-2:]
+    assert sweep[-2:] == [imports, "--add_policies=p"]
+    assert report[-2:] == [imports, "runs/x"]
+
+
 @pytest.mark.skipif(
     not (REPO / "experiments/dk_sweep.py").exists(), reason="experiments/dk_sweep.py not written"
 )
@@ -231,6 +241,28 @@ def test_tpu_dry_run_creates_installs_runs_copies_back_and_deletes(env):
     remote = "abl-1:scale_ablation/runs/tpu"
     assert fetch == [*tpu, "scp", "--recurse", remote, "runs", zone, "--worker=0"]
     assert delete == [*tpu, "delete", "abl-1", zone, "--quiet"]
+
+
+def test_tpu_passes_imports_of_files_in_the_checkout(env):
+    args = ["--dry_run", "--zone=z", "--imports=experiments/base.py,my_package.policies"]
+    result = bash("tpu_vm.sh", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    main = shlex.split(commands(result.stdout)[4][-1].split(" && ")[1])
+    assert main[-1] == "--imports=experiments/base.py,my_package.policies"
+
+
+@pytest.mark.parametrize(
+    ("imports", "says"),
+    [("missing.py", "file not found"), ("{outside}", "outside the checkout"),
+     (str(REPO / "experiments/base.py"), "relative to the repo root")],
+)
+def test_tpu_refuses_imports_that_cannot_travel(imports, says, env, tmp_path):
+    outside = tmp_path / "my_policy.py"
+    outside.write_text("")
+    result = bash("tpu_vm.sh", "--dry_run", "--zone=z",
+                  f"--imports={imports.format(outside=outside)}", env=env)
+    assert_one_line_error(result)
+    assert says in result.stderr
 
 
 def test_tpu_defaults_and_environment(env):

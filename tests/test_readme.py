@@ -1,11 +1,19 @@
-"""The README's "Adding a scale policy" section, followed to the letter."""
+"""The README's "Adding a scale policy" and "Add your policy and sweep it" sections, followed to
+the letter."""
 
+import csv
+import json
 import pathlib
 import re
+import shlex
+import subprocess
+import sys
+import tomllib
 
 import jax
 import numpy as np
 
+from experiments import dk_sweep
 from scale_ablation import attention, policies
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -28,3 +36,91 @@ def test_the_readme_example_adds_a_working_policy():
         jax.nn.dot_product_attention(q, k, v, scale=16**-0.75, is_causal=True), atol=1e-5)
     # A scalar policy: it shares the compiled program of every other scalar policy.
     assert policy == policies.get("inv_sqrt_dk")
+
+
+# --------------------------------------------------------------------------- Add your policy and sweep it
+
+SWEEP_SECTION = "### Add your policy and sweep it"
+
+# The d_k sweep's shape (policy × d_k × seed) at a size a test can afford: it stands in for
+# experiments/dk_sweep.py:quick when the README's sweep command really runs.
+TINY_DK_SWEEP = '''
+from experiments import base
+
+
+def get_config(arg=None):
+    config = base.get_config("quick")
+    config.model.d_model, config.model.num_layers, config.model.num_heads = 32, 1, 2
+    config.data.seq_len, config.data.val_batches = 32, 1
+    config.train.steps, config.train.batch_size, config.train.warmup_steps = 4, 4, 0
+    config.train.log_every = config.train.eval_every = 2
+    config.train.diag_every = 0
+    config.checkpoint.every = 4
+    config.wandb.mode = "offline"
+    return config
+
+
+def sweep(arg=None):
+    return [{"policy": p, "model.head_dim": 16, "train.seed": 0} for p in ("inv_sqrt_dk", "none")]
+'''
+
+
+def readme_sweep_commands() -> list[list[str]]:
+    """The section's bash block as argument lists (continuations joined, comments dropped)."""
+    section = README.read_text().split(SWEEP_SECTION, 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.DOTALL).group(1).replace("\\\n", " ")
+    return [shlex.split(line) for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_readme_takes_a_new_policy_file_to_a_sweep_report(tmp_path):
+    policy_file = tmp_path / "my_policy.py"
+    policy_file.write_text(readme_policy_example())  # "Save the example above as my_policy.py"
+
+    def here(command: list[str]) -> list[str]:
+        # The user's file and run directories under tmp_path; `python` is this interpreter.
+        return [sys.executable if arg == "python" else
+                arg.replace("my_policy.py", str(policy_file)).replace("runs/", f"{tmp_path}/runs/")
+                for arg in command]
+
+    def run(command: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(here(command), cwd=README.parent, capture_output=True, text=True,
+                              timeout=600)
+
+    conformance, plan, sweep, report = readme_sweep_commands()
+    result = run(conformance)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert int(re.search(r"(\d+) passed", result.stdout).group(1)) > 0
+    assert "inv_dk_pow" in " ".join(conformance)
+
+    result = run(plan)
+    assert result.returncode == 0, result.stderr
+    runs = dk_sweep.sweep("quick")
+    added = [f"policy=inv_dk_pow:0.75,head_dim={d},seed=0" for d in dk_sweep.HEAD_DIMS]
+    names = re.findall(r"^\s+pending\s+(\S+)$", result.stdout, re.MULTILINE)
+    assert names[-len(added):] == added and len(names) == len(runs) + len(added)
+    assert result.stdout.count(f"--imports={policy_file}") == len(names)
+    assert not (tmp_path / "runs").exists()  # a plan writes nothing
+
+    # The sweep itself, on a grid of the same shape small enough for a test.
+    tiny = tmp_path / "tiny_dk_sweep.py"
+    tiny.write_text(TINY_DK_SWEEP)
+    spec = "--config=experiments/dk_sweep.py:quick"
+    assert spec in sweep
+    result = run([f"--config={tiny}" if arg == spec else arg for arg in sweep])
+    assert result.returncode == 0, result.stdout + result.stderr
+    result = run(report)
+    assert result.returncode == 0, result.stderr
+    sweep_dir = tmp_path / "runs" / "dk_sweep_quick"
+    with open(sweep_dir / "report" / "summary.csv") as f:
+        rows = {row["policy"]: row for row in csv.DictReader(f)}
+    assert list(rows) == ["inv_sqrt_dk", "none", "inv_dk_pow:0.75"]
+    mine = json.loads((sweep_dir / rows["inv_dk_pow:0.75"]["name"] / "summary.json").read_text())
+    assert mine["status"] == rows["inv_dk_pow:0.75"]["status"] == "completed"
+    assert float(rows["inv_dk_pow:0.75"]["final_val_bpb"]) == mine["final_val_bpb"]
+
+
+def test_the_readme_entry_point_group_is_the_one_policies_reads():
+    section = README.read_text().split(SWEEP_SECTION, 1)[1]
+    toml = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.DOTALL).group(1))
+    assert list(toml["project"]["entry-points"]) == [policies.ENTRY_POINT_GROUP]
