@@ -13,46 +13,14 @@ which `write_row` logs as one row at that step; hooks after it see the row as lo
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import signal
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import ml_collections
 
-from scale_ablation.steps import TrainState
-
-if TYPE_CHECKING:
-    from scale_ablation.loop import Member
-
-
-@dataclasses.dataclass
-class Tick:
-    """What a hook sees after a step."""
-
-    step: int  # steps done: the step the row is logged at
-    last: bool  # the run's final step
-    metrics: dict[str, float]  # this step's train metrics (train/loss, train/grad_norm, ...)
-    step_seconds: float  # wall time of the whole (ensemble) step
-    state: Callable[[], TrainState]  # the member's state after the step, cut at most once
-    row: dict[str, float] = dataclasses.field(default_factory=dict)
-
-
-Action = Callable[["Member", Tick], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class Periodic:
-    """Run `action` every `every` steps (never when 0), and at the last step if `at_last`."""
-
-    every: int
-    action: Action
-    at_last: bool = True
-
-    def due(self, tick: Tick) -> bool:
-        return bool(self.every) and (tick.step % self.every == 0 or (self.at_last and tick.last))
+from scale_ablation.loop import Member, Periodic, Tick
 
 
 def log_train_metrics(member: Member, tick: Tick) -> None:

@@ -12,19 +12,45 @@ import dataclasses
 import functools
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 
 from scale_ablation.ensemble import MemberAxis
 from scale_ablation.evaluation import Evaluator
-from scale_ablation.hooks import Periodic, Tick
 from scale_ablation.optim import lr_multiplier
 from scale_ablation.run_files import SUMMARY_FIELDS
 from scale_ablation.runs import PreparedRun
 from scale_ablation.steps import TrainState
 from scale_ablation.tracking import RunTrackers, open_trackers
 from scale_ablation.wandb_tracker import WandbSettings
+
+
+@dataclasses.dataclass
+class Tick:
+    """What a hook sees after a step."""
+
+    step: int  # steps done: the step the row is logged at
+    last: bool  # the run's final step
+    metrics: dict[str, float]  # this step's train metrics (train/loss, train/grad_norm, ...)
+    step_seconds: float  # wall time of the whole (ensemble) step
+    state: Callable[[], TrainState]  # the member's state after the step, cut at most once
+    row: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+Action = Callable[["Member", Tick], None]  # a hook: see scale_ablation.hooks
+
+
+@dataclasses.dataclass(frozen=True)
+class Periodic:
+    """Run `action` every `every` steps (never when 0), and at the last step if `at_last`."""
+
+    every: int
+    action: Action
+    at_last: bool = True
+
+    def due(self, tick: Tick) -> bool:
+        return bool(self.every) and (tick.step % self.every == 0 or (self.at_last and tick.last))
 
 
 @dataclasses.dataclass
