@@ -65,16 +65,18 @@ def save_checkpoint(member: Member, tick: Tick) -> None:
 def default_hooks(config: ml_collections.ConfigDict,
                   extra: Sequence[Periodic] = ()) -> list[Periodic]:
     """What every run does: log, evaluate (always at the end: the summary needs it), diagnose,
-    then the `extra` hooks, then write the row, print progress, checkpoint."""
+    then the `extra` hooks, then write the row, print progress, checkpoint, and last the extra
+    hooks marked `after_step_work`."""
     t = config.train
     return [
         Periodic(t.log_every, log_train_metrics),
         Periodic(t.eval_every or t.steps, evaluate),
         Periodic(t.diag_every, diagnose),
-        *extra,
+        *(hook for hook in extra if not hook.after_step_work),
         Periodic(1, write_row),
         Periodic(t.log_every, print_progress, at_last=False),
         Periodic(config.checkpoint.every, save_checkpoint, at_last=False),
+        *(hook for hook in extra if hook.after_step_work),
     ]
 
 
@@ -97,7 +99,7 @@ def signal_at(spec: str) -> Periodic:
         if tick.step == step_number:
             os.kill(os.getpid(), signum)
 
-    return Periodic(1, send)
+    return Periodic(1, send, after_step_work=True)
 
 
 def hooks_from_environment(environ: dict[str, str]) -> list[Periodic]:

@@ -43,11 +43,14 @@ Action = Callable[["Member", Tick], None]  # a hook: see scale_ablation.hooks
 
 @dataclasses.dataclass(frozen=True)
 class Periodic:
-    """Run `action` every `every` steps (never when 0), and at the last step if `at_last`."""
+    """Run `action` every `every` steps (never when 0), and at the last step if `at_last`.
+    `after_step_work`: run after the step's row is written and its checkpoint saved, rather
+    than before the row (where a hook adds to it)."""
 
     every: int
     action: Action
     at_last: bool = True
+    after_step_work: bool = False
 
     def due(self, tick: Tick) -> bool:
         return bool(self.every) and (tick.step % self.every == 0 or (self.at_last and tick.last))

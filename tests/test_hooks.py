@@ -50,12 +50,14 @@ def test_periodic_due_steps():
 
 
 def test_signal_at_stops_a_run_at_the_chosen_step(tmp_path):
-    (stop,) = hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: "7:SIGTERM"})
+    (stop,) = hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: "6:SIGTERM"})
     summary = train.train(tiny_config(), tmp_path / "run", extra_hooks=[stop])
     assert summary["status"] == "preempted" and summary["signal"] == "SIGTERM"
-    assert summary["steps_completed"] == 7
-    assert read_json(tmp_path / "run" / "summary.json")["steps_completed"] == 7
-    assert (tmp_path / "run" / "checkpoints" / "7").is_dir()
+    assert summary["steps_completed"] == 6
+    assert read_json(tmp_path / "run" / "summary.json")["steps_completed"] == 6
+    assert (tmp_path / "run" / "checkpoints" / "6").is_dir()
+    # The signal comes after the step's work: its row (log_every 2) is on disk.
+    assert [r["step"] for r in RunFiles(tmp_path / "run").read_metrics()] == [0, 2, 4, 5, 6]
     resumed = train.train(tiny_config(), tmp_path / "run")
     assert resumed["status"] == "completed" and resumed["steps_completed"] == 10
 
