@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -78,9 +79,13 @@ class Clock:
         return self.wall_before + time.perf_counter() - self.started
 
 
-def run_tags(run: PreparedRun) -> list[str]:
+def run_wandb_settings(run: PreparedRun) -> WandbSettings:
+    """The config's `wandb` section, with tags for policy and d_k and, unless set, the run
+    directory's name as the W&B run name (a sweep names its directories after their settings)."""
     config = run.config
-    return [*config.wandb.tags, f"policy={config.policy}", f"d_k={config.model.head_dim}"]
+    tags = (*config.wandb.tags, f"policy={config.policy}", f"d_k={config.model.head_dim}")
+    name = config.wandb.get("name") or os.path.basename(os.path.abspath(run.workdir))
+    return WandbSettings.of(config.wandb.to_dict(), tags=tags, name=name)
 
 
 class Member:
@@ -97,7 +102,7 @@ class Member:
         self.summary: dict | None = None
         self.trackers: RunTrackers = open_trackers(
             run.workdir, self.config.to_dict(),
-            wandb=WandbSettings.of(self.config.wandb.to_dict(), tags=tuple(run_tags(run))),
+            wandb=run_wandb_settings(run),
             resume_step=run.resume_step, enable=jax.process_index() == 0)
         self.last = {"train/loss": self._logged_train_loss(), "val/loss": None, "val/bpb": None}
 

@@ -116,6 +116,19 @@ def read_summary(run_dir: str | os.PathLike) -> dict[str, Any]:
     return summary
 
 
+def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """What a reviewer sees of the run itself: name, group, job type, tags and config (the
+    config's values as wandb stored them, under their top-level keys)."""
+    for record in _parse_records(_wandb_records(_wandb_log_path(run_dir))):
+        if record.WhichOneof("record_type") == "run":
+            run = record.run
+            config = {item.key: json.loads(item.value_json) for item in run.config.update
+                      if item.key and not item.key.startswith("_")}
+            return {"name": run.display_name, "group": run.run_group, "job_type": run.job_type,
+                    "tags": list(run.tags), "config": config}
+    raise ValueError(f"{run_dir}: no run record")
+
+
 def _set_nested(row: dict[str, Any], item: Any, value: Any) -> None:
     # A flat key ("train/loss") is one element of nested_key; a logged dict is several.
     *parents, leaf = [item.key] if item.key else item.nested_key

@@ -160,6 +160,12 @@ def test_wandb_offline_history_matches_metrics(shakespeare_run):
         from_wandb = {row["_step"]: row[key] for row in history if key in row}
         from_files = {row["step"]: row[key] for row in rows if key in row}
         assert from_files and from_wandb == from_files, key
+    # The run as a reviewer finds it: named after its directory, tagged and configured as run.
+    run = wandb_offline.read_run(run_dir)
+    config = read_json(workdir / "config.json")
+    assert run["name"] == workdir.name
+    assert f"policy={config['policy']}" in run["tags"]
+    assert run["config"]["policy"] == config["policy"] and run["config"]["model"] == config["model"]
 
 
 def test_api_key_never_lands_in_files(shakespeare_run):
