@@ -62,8 +62,8 @@ def save_checkpoint(member: Member, tick: Tick) -> None:
     member.checkpoints.save(tick.step, tick.state())
 
 
-def default_hooks(config: ml_collections.ConfigDict,
-                  extra: Sequence[Periodic] = ()) -> list[Periodic]:
+def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] = (),
+                  progress: bool = True) -> list[Periodic]:
     """What every run does: log, evaluate (always at the end: the summary needs it), diagnose,
     then the `extra` hooks, then write the row, print progress, checkpoint, and last the extra
     hooks marked `after_step_work`."""
@@ -74,7 +74,7 @@ def default_hooks(config: ml_collections.ConfigDict,
         Periodic(t.diag_every, diagnose),
         *(hook for hook in extra if not hook.after_step_work),
         Periodic(1, write_row),
-        Periodic(t.log_every, print_progress, at_last=False),
+        Periodic(t.log_every if progress else 0, print_progress, at_last=False),
         Periodic(config.checkpoint.every, save_checkpoint, at_last=False),
         *(hook for hook in extra if hook.after_step_work),
     ]

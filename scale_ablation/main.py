@@ -28,6 +28,7 @@ _DISTRIBUTED = flags.DEFINE_enum(
     "on a multi-host TPU slice.",
 )
 _IMPORTS = plugins.imports_flag()
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 EXIT_CODES = {"completed": 0, "diverged": 0, "failed": 1, "preempted": 3}
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     spec = flags.FLAGS["config"].config_filename
     # The process edge: everything process-wide is set here, nowhere in the library.
     runtime.make_experiments_importable(spec)
-    runtime.normalise_environment()
+    runtime.normalise_environment(verbose=_VERBOSE.value)
     checkpoints.quiet_failed_restores()
     try:
         plugins.load(_IMPORTS.value)  # before the config's policy is looked up

@@ -44,7 +44,10 @@ def make_experiments_importable(spec: str) -> None:
         sys.path.insert(0, root)
 
 
-def normalise_environment() -> None:
-    """An exported-but-empty WANDB_MODE means "unset" to us; wandb's settings reject it."""
+def normalise_environment(verbose: bool = False) -> None:
+    """W&B's own console lines (its banners, per run) only when asked for (`verbose`); an
+    exported-but-empty WANDB_MODE means "unset" to us, and wandb's settings reject it."""
     if os.environ.get("WANDB_MODE") == "":
         del os.environ["WANDB_MODE"]
+    if not verbose:
+        os.environ.setdefault("WANDB_SILENT", "true")

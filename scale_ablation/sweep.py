@@ -39,6 +39,7 @@ from scale_ablation import (
     runtime,
 )
 from scale_ablation.config import ConfigError, validate
+from scale_ablation.console import Progress
 from scale_ablation.run_files import FINISHED, RunFiles
 from scale_ablation.train import train, train_runs
 
@@ -51,6 +52,7 @@ _ENSEMBLE = flags.DEFINE_bool(
     "ensemble", True, "Train runs that differ only in a scalar policy's value, the seed or the "
     "learning rate as one vmapped program (in-process runner, --parallel=1, only).")
 
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _IMPORTS = plugins.imports_flag()
 _ADD_POLICIES = flags.DEFINE_list(
     "add_policies", [], "Policy specs to add to the experiment's grid, comma-separated: one more "
@@ -125,28 +127,6 @@ def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = 
             *experiment.override_flags(point.overrides)]
 
 
-class Progress:
-    """One line per change: runs done / running / failed and an ETA from finished runs."""
-
-    def __init__(self, total: int, already_done: int):
-        self.total, self.done, self.started = total, already_done, time.perf_counter()
-        self.fresh_done = 0
-        self.counts: dict[str, int] = {}
-
-    def finished(self, status: str) -> None:
-        self.done += 1
-        self.fresh_done += 1
-        self.counts[status] = self.counts.get(status, 0) + 1
-
-    def show(self, running: int) -> None:
-        elapsed = time.perf_counter() - self.started
-        left = self.total - self.done
-        eta = f"{elapsed / self.fresh_done * left:.0f}s" if self.fresh_done else "?"
-        counts = " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-        print(f"[sweep] {self.done}/{self.total} done, {running} running, "
-              f"{self.counts.get('failed', 0)} failed ({counts}), eta {eta}", flush=True)
-
-
 def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
                    outcomes: dict[str, str] | None = None, together: bool = True,
                    extra_hooks: Sequence[hooks.Periodic] = ()) -> bool:
@@ -156,28 +136,35 @@ def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
     workdirs = [os.path.join(sweep_dir, point.name) for point in todo]
     groups = (ensemble.group([p.config for p in todo], workdirs) if together
               else [[index] for index in range(len(todo))])
-    for indices in groups:
+    for number, indices in enumerate(groups, start=1):
         points = [todo[index] for index in indices]
+        label = points[0].name if len(points) == 1 else f"group {number}/{len(groups)}"
+        group_hooks = [*extra_hooks, progress.step_hook(label)]
         if len(points) == 1:
-            statuses = [_train_alone(sweep_dir, points[0], extra_hooks)]
+            statuses = [_train_alone(sweep_dir, points[0], group_hooks)]
         else:
             progress.show(running=len(points))
-            statuses = _train_together(sweep_dir, points, extra_hooks)
+            statuses = _train_together(sweep_dir, points, group_hooks)
         for point, status in zip(points, statuses, strict=True):
             if outcomes is not None:
                 outcomes[point.name] = status
         if "preempted" in statuses:
             return False
-        for status in statuses:
-            progress.finished(status)
+        for point, status in zip(points, statuses, strict=True):
+            progress.finished(status, point.name, _summary(sweep_dir, point))
         progress.show(running=0)
     return True
+
+
+def _summary(sweep_dir: str, point: Point) -> dict:
+    return RunFiles(os.path.join(sweep_dir, point.name)).read_summary() or {}
 
 
 def _train_alone(sweep_dir: str, point: Point, extra_hooks: Sequence[hooks.Periodic]) -> str:
     print(f"[sweep] {point.name}", flush=True)
     try:
-        return train(point.config, os.path.join(sweep_dir, point.name), extra_hooks)["status"]
+        workdir = os.path.join(sweep_dir, point.name)
+        return train(point.config, workdir, extra_hooks, progress=False)["status"]
     except ConfigError as error:
         print(f"[sweep] {point.name}: error: {error}", flush=True)
     except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
@@ -192,7 +179,8 @@ def _train_together(sweep_dir: str, points: list[Point],
     print(f"[sweep] ensemble of {len(points)}: {', '.join(names)}", flush=True)
     try:
         summaries = train_runs([p.config for p in points],
-                               [os.path.join(sweep_dir, n) for n in names], names, extra_hooks)
+                               [os.path.join(sweep_dir, n) for n in names], names, extra_hooks,
+                               progress=False)
     except ConfigError as error:
         # A member was refused before any file was written: alone, each run says if it is.
         print(f"[sweep] ensemble not started ({error}): its runs train one by one", flush=True)
@@ -256,7 +244,7 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
                 status = status if status in (*FINISHED, "failed") else "failed"
                 if outcomes is not None:
                     outcomes[point.name] = status
-                progress.finished(status)
+                progress.finished(status, point.name, _summary(sweep_dir, point))
                 progress.show(running=len(running))
             if preempted:
                 pending.clear()
@@ -283,7 +271,7 @@ def main(argv: list[str]) -> int:
         logging.set_verbosity(logging.WARNING)
     # The process edge: everything process-wide is set here, nowhere in the library.
     runtime.make_experiments_importable(_CONFIG.value)
-    runtime.normalise_environment()
+    runtime.normalise_environment(verbose=_VERBOSE.value)
     checkpoints.quiet_failed_restores()
     sweep_dir = _WORKDIR.value
     imports = tuple(_IMPORTS.value)

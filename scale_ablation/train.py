@@ -17,7 +17,7 @@ from scale_ablation.loop import Member, run_members
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
-          extra_hooks: Sequence[hooks.Periodic] = ()) -> dict:
+          extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True) -> dict:
     """Train (or resume, or skip if already finished) the run in `workdir`; return its summary.
 
     `extra_hooks` run after the built-in row hooks, before the row is written
@@ -26,15 +26,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     finished = runs.finished_summary(config, workdir)
     if finished is not None:
         return finished
-    return train_runs([config], [workdir], extra_hooks=extra_hooks)[0]
+    return train_runs([config], [workdir], extra_hooks=extra_hooks, progress=progress)[0]
 
 
 def train_runs(configs: Sequence[ml_collections.ConfigDict],
                workdirs: Sequence[str | os.PathLike], labels: Sequence[str] | None = None,
-               extra_hooks: Sequence[hooks.Periodic] = ()) -> list[dict]:
+               extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True) -> list[dict]:
     """Train unfinished runs that can step as one program (`ensemble.group`); return their
     summaries in order. `labels` prefix each run's printed lines (default: none for one run,
-    the directory name for several).
+    the directory name for several); `progress=False` prints no step lines (a sweep prints its
+    own).
 
     Raises ConfigError if a run is refused and ValueError if the runs are no ensemble, both
     before any file is written.
@@ -48,7 +49,7 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     members = []
     try:
         for run, label in zip(prepared, labels, strict=True):
-            member_hooks = hooks.default_hooks(run.config, extra=extra_hooks)
+            member_hooks = hooks.default_hooks(run.config, extra=extra_hooks, progress=progress)
             members.append(Member(run, f"[{label}] " if label else "", member_hooks))
     except Exception as error:  # as in the loop: members with trackers are recorded failed
         for member in members:

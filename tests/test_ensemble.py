@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -266,10 +267,13 @@ def sweep(arg=None):
 
 
 def run_sweep(experiment_file, sweep_dir, *flags):
+    # WANDB_SILENT unset: the sweep itself must keep W&B's banners off the console.
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}
     return subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={experiment_file}",
          f"--workdir={sweep_dir}", "--noreport", *flags],
-        cwd=REPO, env={**os.environ, **OFFLINE_ENV}, capture_output=True, text=True, timeout=240,
+        cwd=REPO, env={**env, "WANDB_MODE": "offline"}, capture_output=True, text=True,
+        timeout=240,
     )
 
 
@@ -284,6 +288,15 @@ def test_a_sweep_with_ensembles_ends_as_one_without(tmp_path):
         assert "[sweep] 4/4 done, 0 running, 0 failed (completed=4)" in result.stdout
     assert "[sweep] ensemble of 4:" in with_ensembles.stdout
     assert "ensemble" not in without.stdout
+    for result in (with_ensembles, without):
+        # A console that reads at a glance: no W&B banners, no per-run step lines, and one
+        # line per finished run with the numbers its summary.json holds.
+        assert "wandb" not in (result.stdout + result.stderr).lower()
+        assert not re.search(r"^\[[^]]*\] step \d+/", result.stdout, re.M)
+        for run in read_json(tmp_path / "solo" / "sweep.json")["runs"]:
+            sweep_dir = "ensemble" if result is with_ensembles else "solo"
+            bpb = read_json(tmp_path / sweep_dir / run["name"] / "summary.json")["final_val_bpb"]
+            assert f"[sweep] {run['name']}: completed, val bpb {bpb:.4f}, 12 steps" in result.stdout
 
     record = read_json(tmp_path / "ensemble" / "sweep.json")
     assert record["runs"] == read_json(tmp_path / "solo" / "sweep.json")["runs"]
