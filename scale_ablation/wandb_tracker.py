@@ -172,6 +172,10 @@ class WandbTracker:
             settings=wandb_settings,
         )
         self._run = run
+        # The reviewer's summary of a run: its best validation numbers, not whichever came last.
+        for pattern, best in (("val/loss*", "min"), ("val/bpb*", "min"),
+                              ("val/accuracy*", "max")):
+            run.define_metric(pattern, summary=best)
         self.run_id = run.id
         self.run_dir = Path(run.sync_dir)
         if run.id != previous_id:

@@ -307,6 +307,10 @@ def test_offline_run_history_matches_what_was_logged_and_the_jsonl(tmp_path, mon
     assert wandb_summary["steps_completed"] == 300
     assert wandb_summary["final_train_loss"] == 1.5
     assert wandb_summary["train/loss"] == float(losses[-1])  # wandb's own last-value summary
+    # Validation metrics are summarised by their best value (metric definitions), not the last.
+    val_losses = [row["val/loss"] for row in logged if "val/loss" in row]
+    assert val_losses[-1] != min(val_losses)  # the check below can tell min from last
+    assert wandb_summary["val/loss"] == {"min": pytest.approx(min(val_losses))}
     assert warnings == []
 
 
