@@ -10,7 +10,7 @@ import ml_collections
 from flax import nnx
 
 from scale_ablation import policies
-from scale_ablation.attention import SelfAttention, kernel_init
+from scale_ablation.attention import SelfAttention, gpt2_normal, kernel_init
 from scale_ablation.policies import ScalePolicy
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -22,6 +22,14 @@ def make_norm(kind: str, d_model: int, dtype, rngs: nnx.Rngs) -> nnx.Module:
     if kind == "rmsnorm":
         return nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs)
     raise ValueError(f"model.norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+
+
+def embedding_init(init: str) -> dict:
+    """nnx.Embed's initialiser for the token embedding (also the tied output): GPT-2's N(0, 0.02)
+    under `gpt2`, else nnx's default N(0, 1/d_model)."""
+    if init == "gpt2":
+        return {"embedding_init": gpt2_normal()}
+    return {}
 
 
 class Block(nnx.Module):
@@ -40,6 +48,7 @@ class Block(nnx.Module):
         init: str,
         init_gain: float,
         attention_dropout: float,
+        num_layers: int = 1,
         logits_dtype,
         attention_impl: str,
         rotary: bool,
@@ -52,7 +61,7 @@ class Block(nnx.Module):
         self.attention_norm = make_norm(norm, d_model, dtype, rngs)
         self.attention = SelfAttention(
             d_model, num_heads, head_dim,
-            policy=policy, rngs=rngs, init=init, qk_init_gain=init_gain,
+            policy=policy, rngs=rngs, init=init, qk_init_gain=init_gain, num_layers=num_layers,
             dropout_rate=attention_dropout,
             logits_dtype=logits_dtype, dtype=dtype, rotary=rotary, implementation=attention_impl,
         )
@@ -60,8 +69,8 @@ class Block(nnx.Module):
         hidden = mlp_ratio * d_model
         self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=kernel_init(init), dtype=dtype,
                                  rngs=rngs)
-        self.mlp_out = nnx.Linear(hidden, d_model, kernel_init=kernel_init(init), dtype=dtype,
-                                  rngs=rngs)
+        self.mlp_out = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs,
+                                  kernel_init=kernel_init(init, residual_layers=num_layers))
 
     def mlp(self, x: jax.Array) -> jax.Array:
         return self.mlp_out(jax.nn.gelu(self.mlp_in(x)))
@@ -109,7 +118,8 @@ class LanguageModel(nnx.Module):
             raise ValueError(f"{len(layer_policies)} layer policies for {num_layers} layers")
         self.dtype = dtype
         self.max_seq_len = max_seq_len
-        self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, rngs=rngs)
+        self.embed = nnx.Embed(vocab_size, d_model, dtype=dtype, rngs=rngs,
+                               **embedding_init(init))
         self.position_embed = (
             nnx.Embed(max_seq_len, d_model, dtype=dtype, rngs=rngs,
                       embedding_init=jax.nn.initializers.normal(0.02))
@@ -120,6 +130,7 @@ class LanguageModel(nnx.Module):
                 d_model, num_heads, head_dim,
                 policy=policy, norm=norm, norm_position=norm_position, mlp_ratio=mlp_ratio,
                 init=init, init_gain=init_gain, attention_dropout=attention_dropout,
+                num_layers=num_layers,
                 logits_dtype=logits_dtype, attention_impl=attention_impl,
                 rotary=positions == "rotary", dtype=dtype, rngs=rngs,
             )
