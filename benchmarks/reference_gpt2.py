@@ -135,7 +135,8 @@ def validation_loss(model: GPT, batches: list[data.Batch]) -> float:
     for batch in batches:
         inputs, targets = as_tensors(batch)
         logits = model(inputs)
-        total += functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
+        nll = functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+        total += nll.item()
         count += targets.numel()
     return total / count
 
