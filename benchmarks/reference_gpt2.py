@@ -160,7 +160,8 @@ def train(args: argparse.Namespace) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
     return {"heads": args.heads, "head_dim": args.head_dim, "init": args.init, "std": args.std,
-            "attn_bias": not args.no_attn_bias, "seed": args.seed, "final_train_loss": loss.item(),
+            "attn_bias": not args.no_attn_bias, "seed": args.seed, "data_seed": args.data_seed,
+            "final_train_loss": loss.item(),
             "val_loss": validation_loss(model, val), "seconds": time.perf_counter() - started}
 
 
