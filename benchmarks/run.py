@@ -220,7 +220,7 @@ def sweep_speedup(quick: bool) -> dict:
     grid = experiment.load_grid(spec)
     if quick:  # one point per policy family at two head_dims: the same mechanism, less time
         grid = [p for p in grid if p["policy"] in ("inv_sqrt_dk", "none")
-                and p["model.head_dim"] in (16, 64)]
+                and p["model.head_dim"] in (16, 64) and p.get("model.init") == "fan_in"]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()

@@ -6,9 +6,16 @@ r"""The central ablation: scale policies × d_k at a fixed model width (article 
 The article says every scale but 1/√d_k diverged or oscillated within 500 steps. Here each
 policy trains at d_k ∈ {16, 64, 256, 1024} with num_heads × head_dim decoupled from d_model, and
 the report gives final validation bits per byte, the divergence step and attention diagnostics.
-`quick` fits a 2-core CPU in about 15 minutes (one seed); the default is sized for one GPU.
+`quick` (one seed, 64 runs) fits a 2-core CPU; the default is sized for one GPU.
 A policy of your own joins the grid at every d_k with no edit here (README, "Add your policy and
 sweep it"): add `--imports=my_policy.py --add_policies=my_policy` to the sweep command.
+
+The init is an axis too (`model.init`, one table row per policy and init): which scale is best
+depends on how q and k start (the article's pitfall 1). `fan_in` gives q and k unit-variance
+entries at every d_k, the article's premise; `gpt2` (std 0.02) gives entries of std
+0.02·√d_model, so 1/√d_k logits start with std 0.02²·d_model instead of 1 (0.03 at the quick
+d_model 64, 0.2 at 512), as in the GPT-2-style models most results are quoted for. To drop
+the axis, set INITS to one of them.
 """
 
 from experiments import base
@@ -16,6 +23,7 @@ from experiments import base
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned", "qk_layernorm",
             "log_length")
 HEAD_DIMS = (16, 64, 256, 1024)
+INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and GPT-2's
 
 
 def get_config(arg: str | None = None):
@@ -38,7 +46,8 @@ def get_config(arg: str | None = None):
 def sweep(arg: str | None = None) -> list[dict]:
     seeds = (0,) if arg == "quick" else (0, 1, 2)
     return [
-        {"policy": policy, "model.head_dim": head_dim, "train.seed": seed}
+        {"policy": policy, "model.head_dim": head_dim, "model.init": init, "train.seed": seed}
+        for init in INITS
         for policy in POLICIES
         for head_dim in HEAD_DIMS
         for seed in seeds

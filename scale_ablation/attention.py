@@ -20,7 +20,7 @@ from absl import logging
 from flax import nnx
 
 from scale_ablation import diagnostics
-from scale_ablation.config import ModelConfig
+from scale_ablation.config import INITS, ModelConfig
 from scale_ablation.policies import Params, ScaleContext, ScalePolicy
 
 _WARNED: set[str] = set()
@@ -223,16 +223,33 @@ def xavier_normal(gain: float) -> Callable:
     return jax.nn.initializers.variance_scaling(gain**2, "fan_avg", "normal")
 
 
-def kernel_init(kind: str, gain: float = 1.0) -> Callable:
+GPT2_STD = 0.02  # GPT-2's std for every weight matrix and embedding (Radford et al. 2019)
+
+
+def gpt2_normal(gain: float = 1.0, residual_layers: int = 0) -> Callable:
+    """GPT-2's init: N(0, (gain·0.02)²), whatever the shape; a projection that writes into the
+    residual stream (attention output, MLP output) of a `residual_layers`-layer model gets
+    std 0.02/√(2·residual_layers), so the stream's variance at init does not grow with depth."""
+    std = gain * GPT2_STD
+    if residual_layers:
+        std /= (2 * residual_layers) ** 0.5
+    return jax.nn.initializers.normal(std)
+
+
+def kernel_init(kind: str, gain: float = 1.0, *, residual_layers: int = 0) -> Callable:
     """'fan_in': std = gain/√fan_in, so unit-variance inputs give outputs of variance gain²
     whatever the output width (the article's premise that q and k entries have unit variance
     holds for every d_k). 'xavier': Xavier normal, whose variance 2/(fan_in + fan_out) shrinks
-    as num_heads·head_dim grows, confounding d_k with the init variance."""
+    as num_heads·head_dim grows, confounding d_k with the init variance. 'gpt2': a fixed std of
+    0.02 (`gpt2_normal`); residual_layers (the layer count, for a projection that writes into the
+    residual stream) matters to gpt2 only."""
     if kind == "fan_in":
         return jax.nn.initializers.variance_scaling(gain**2, "fan_in", "normal")
     if kind == "xavier":
         return xavier_normal(gain)
-    raise ValueError(f"model.init must be 'fan_in' or 'xavier', got {kind!r}")
+    if kind == "gpt2":
+        return gpt2_normal(gain, residual_layers)
+    raise ValueError(f"model.init must be one of {', '.join(INITS)}, got {kind!r}")
 
 
 def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> jax.Array:
@@ -256,15 +273,18 @@ class SelfAttention(nnx.Module):
         inner = num_heads * head_dim
         # The q/k gain is the article's pitfall 1: it changes Var(q·k) by gain⁴.
         qk_init, other_init = kernel_init(model.init, model.init_gain), kernel_init(model.init)
+        # The output projection writes into the residual stream (GPT-2 scales it by depth).
+        out_init = kernel_init(model.init, residual_layers=model.num_layers)
+        use_bias = model.init == "gpt2"  # GPT-2's projections have (zero-initialised) biases
 
         def linear(fan_in, fan_out, init):
-            return nnx.Linear(fan_in, fan_out, use_bias=False, kernel_init=init,
+            return nnx.Linear(fan_in, fan_out, use_bias=use_bias, kernel_init=init,
                               dtype=model.compute_dtype, rngs=rngs)
 
         self.query = linear(model.d_model, inner, qk_init)
         self.key = linear(model.d_model, inner, qk_init)
         self.value = linear(model.d_model, inner, other_init)
-        self.out = linear(inner, model.d_model, other_init)
+        self.out = linear(inner, model.d_model, out_init)
         self.policy = policy
         self.policy_params = nnx.Param(
             policy.init(rngs.params(), num_heads=num_heads, head_dim=head_dim)

@@ -20,6 +20,7 @@ from scale_ablation import policies
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+INITS = ("fan_in", "xavier", "gpt2")  # model.init: see attention.kernel_init
 
 # Fields that define what is trained on what: a resumed or skipped run must not change them.
 IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
@@ -82,7 +83,7 @@ class ModelConfig:
         _choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
         _choice("model.norm_position", self.norm_position, ("pre", "post"))
         _choice("model.positions", self.positions, ("learned", "rotary"))
-        _choice("model.init", self.init, ("fan_in", "xavier"))
+        _choice("model.init", self.init, INITS)
         _choice("model.attention_impl", self.attention_impl, ("reference", "fused"))
         if len(self.layer_policies) != self.num_layers:
             raise ConfigError(f"{len(self.layer_policies)} layer policies for "

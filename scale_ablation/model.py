@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scale_ablation import policies
-from scale_ablation.attention import SelfAttention, kernel_init
+from scale_ablation.attention import SelfAttention, gpt2_normal, kernel_init
 from scale_ablation.config import ModelConfig
 from scale_ablation.policies import ScalePolicy
 
@@ -16,6 +16,14 @@ def make_norm(kind: str, d_model: int, dtype, rngs: nnx.Rngs) -> nnx.Module:
     if kind == "layernorm":
         return nnx.LayerNorm(d_model, dtype=dtype, rngs=rngs)
     return nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs)  # ModelConfig.check allows these two
+
+
+def embedding_init(init: str) -> dict:
+    """nnx.Embed's initialiser for the token embedding (also the tied output): GPT-2's N(0, 0.02)
+    under `gpt2`, else nnx's default N(0, 1/d_model)."""
+    if init == "gpt2":
+        return {"embedding_init": gpt2_normal()}
+    return {}
 
 
 class Block(nnx.Module):
@@ -30,8 +38,9 @@ class Block(nnx.Module):
         hidden = model.mlp_ratio * d_model
         self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=kernel_init(model.init),
                                  dtype=dtype, rngs=rngs)
-        self.mlp_out = nnx.Linear(hidden, d_model, kernel_init=kernel_init(model.init),
-                                  dtype=dtype, rngs=rngs)
+        # The MLP output writes into the residual stream (GPT-2 scales it by depth).
+        self.mlp_out = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs, kernel_init=kernel_init(
+            model.init, residual_layers=model.num_layers))
 
     def mlp(self, x: jax.Array) -> jax.Array:
         return self.mlp_out(jax.nn.gelu(self.mlp_in(x)))
@@ -53,7 +62,8 @@ class LanguageModel(nnx.Module):
 
     def __init__(self, model: ModelConfig, *, rngs: nnx.Rngs):
         d_model, dtype = model.d_model, model.compute_dtype
-        self.embed = nnx.Embed(model.vocab_size, d_model, dtype=dtype, rngs=rngs)
+        self.embed = nnx.Embed(model.vocab_size, d_model, dtype=dtype, rngs=rngs,
+                               **embedding_init(model.init))
         self.position_embed = (
             nnx.Embed(model.max_seq_len, d_model, dtype=dtype, rngs=rngs,
                       embedding_init=jax.nn.initializers.normal(0.02))

@@ -105,14 +105,14 @@ def test_grid_resolves_to_valid_runs(path, variant):
         assert name and os.sep not in name and name not in (".", ".."), f"bad run dir {name!r}"
 
 
-def test_quick_dk_sweep_covers_every_policy_at_every_head_dim():
+def test_quick_dk_sweep_covers_every_policy_at_every_head_dim_and_init():
     spec = spec_of(REPO / "experiments" / "dk_sweep.py", "quick")
     base = experiment.load_config(spec)
     pairs = []
     for overrides in experiment.load_grid(spec):
         config = experiment.apply_overrides(base, overrides)
-        pairs.append((config.policy, config.model.head_dim))
-    expected = set(itertools.product(DK_SWEEP_POLICIES, DK_SWEEP_HEAD_DIMS))
+        pairs.append((config.policy, config.model.head_dim, config.model.init))
+    expected = set(itertools.product(DK_SWEEP_POLICIES, DK_SWEEP_HEAD_DIMS, ("fan_in", "gpt2")))
     assert set(pairs) == expected
     # Each cell once per seed: the same number of points in every cell.
     counts = {pair: pairs.count(pair) for pair in expected}
