@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from scale_ablation import data as data_lib
-from scale_ablation import diagnostics, sharding, tracking
+from scale_ablation import diagnostics, runtime, sharding, tracking
 from scale_ablation.checkpoints import CheckpointError, Checkpoints
 from scale_ablation.model import build_model
 
@@ -389,10 +389,12 @@ def _loop(run: Run, tracker: tracking.Tracker) -> dict:
     recorder = Recorder(run, tracker)
     state, run.state = run.state, None  # donated by the first step: keep no stale reference
     recorder.begin(state)
+    signal_at = _signal_at()  # SCALE_ABLATION_SIGNAL_AT test hook
     with PreemptionFlag() as preemption:
         for step in range(recorder.start_step, t.steps):
-            if preemption.signal is not None:
-                return recorder.preempt(step, state, preemption.signal)
+            # Every process of a multi-host run stops at the same step (runtime.agreed_signal).
+            if (signum := runtime.agreed_signal(preemption.signal)) is not None:
+                return recorder.preempt(step, state, signum)
             step_started = time.perf_counter()
             batch = to_device_batch(recorder.train_batch(step), run.batch_sharding)
             state, metrics = train_step(state, batch, dropout_key(t.seed, step))
@@ -401,7 +403,20 @@ def _loop(run: Run, tracker: tracking.Tracker) -> dict:
                                       lambda: state)  # noqa: B023 (called before `state` moves on)
             if summary is not None:
                 return summary
+            if signal_at and step + 1 == signal_at[0]:  # SCALE_ABLATION_SIGNAL_AT test hook
+                os.kill(os.getpid(), signal_at[1])
     return recorder.complete(state)
+
+
+def _signal_at() -> tuple[int, int] | None:
+    """SCALE_ABLATION_SIGNAL_AT=STEP[:SIGNAME] (tests): after step STEP completes (row logged,
+    checkpoint if due written) the process sends itself SIGNAME (default SIGTERM), so that a
+    test interrupts a run at a known step instead of racing a signal against the clock."""
+    spec = os.environ.get("SCALE_ABLATION_SIGNAL_AT")
+    if not spec:
+        return None
+    step, _, name = spec.partition(":")
+    return int(step), signal.Signals[name or "SIGTERM"]
 
 
 class Recorder:
