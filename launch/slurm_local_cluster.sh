@@ -45,6 +45,8 @@ write_config() {
 ClusterName=local
 SlurmctldHost=$host
 AuthType=auth/munge
+# A requeued job waits out the credential lifetime before it starts again (default 120 s).
+AuthInfo=cred_expire=30
 SlurmUser=root
 StateSaveLocation=$state/slurmctld
 SlurmdSpoolDir=$state/slurmd
