@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slurm
 
 CLUSTER = REPO / "launch" / "slurm_local_cluster.sh"
 # Long enough that a warning sent once step 10 is logged arrives well before the end.
-LONG = {**TINY, "train.steps": 150, "train.log_every": 5, "train.eval_every": 50,
+LONG = {**TINY, "train.steps": 100, "train.log_every": 5, "train.eval_every": 50,
         "train.diag_every": 50, "checkpoint.every": 25, "train.fsdp": 4}
 CPU_PARTITION = ["--partition=cpu", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
                  "--gpus-per-task=0", "--time=10"]
