@@ -91,7 +91,9 @@ def main_args(workdir) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
+def one_process(cluster, tmp_path_factory):
+    """The reference, one process on 4 devices (needs no Slurm; computed only where the Slurm
+    runs it is compared with can be)."""
     workdir = tmp_path_factory.mktemp("one_process") / "run"
     env = environment() | {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     result = subprocess.run(command(workdir, **LONG), cwd=REPO, env=env, capture_output=True,
