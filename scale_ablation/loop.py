@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
+from scale_ablation import runtime
 from scale_ablation.ensemble import MemberAxis
 from scale_ablation.evaluation import Evaluator
 from scale_ablation.optim import lr_multiplier
@@ -225,10 +226,10 @@ def _loop(members: list[Member]) -> None:
     active = list(range(len(members)))
     with PreemptionFlag() as preemption:
         for step in range(first.start_step, t.steps):
-            if preemption.signal is not None:
+            # Every process of a multi-host run stops at the same step (runtime.agreed_signal).
+            if (signum := runtime.agreed_signal(preemption.signal)) is not None:
                 for index in active:
-                    members[index].preempt(step, axis.member_state(state, index),
-                                           preemption.signal)
+                    members[index].preempt(step, axis.member_state(state, index), signum)
                 return
             started = time.perf_counter()
             batch = axis.batch([m.run.source for m in members], step)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -25,10 +26,22 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (created if missi
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "on", "off"],
     "Call jax.distributed.initialize(): auto = when launched under Slurm with several tasks or "
-    "on a multi-host TPU slice.",
+    "on a multi-host TPU slice, or when --coordinator_address is given.",
 )
 _IMPORTS = plugins.imports_flag()
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None,
+    "HOST:PORT of process 0's coordinator, for processes not started by Slurm or on a TPU "
+    "slice (e.g. several processes on one machine); needs --num_processes and --process_id.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the program.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's rank, 0-based.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout", runtime.Cluster.heartbeat_timeout,
+    "Seconds after which a silent process counts as dead and the others stop with an error.")
+_SHUTDOWN = flags.DEFINE_integer(
+    "shutdown_timeout", runtime.Cluster.shutdown_timeout,
+    "Seconds a finished process waits for the others to finish.")
 EXIT_CODES = {"completed": 0, "diverged": 0, "failed": 1, "preempted": 3}
 
 
@@ -58,7 +71,14 @@ def main(argv: list[str]) -> int:
         logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     if probe:
         return _run_probe(module, config)
-    runtime.maybe_initialize(_DISTRIBUTED.value)
+    cluster = runtime.Cluster(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                              _HEARTBEAT.value, _SHUTDOWN.value)
+    try:
+        cluster.check()
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    runtime.maybe_initialize(_DISTRIBUTED.value, cluster)
     if config.train.get("compilation_cache", True):
         runtime.enable_compilation_cache(_WORKDIR.value)
     try:
@@ -71,6 +91,13 @@ def main(argv: list[str]) -> int:
             # ours needs tearing down (no run file was opened), so leave at once.
             os._exit(2)
         return 2
+    except jax.errors.JaxRuntimeError as error:
+        if jax.process_count() == 1:
+            raise
+        print(f"error: {runtime.lost_peer_message(error)}", file=sys.stderr, flush=True)
+        # At interpreter exit JAX would wait out the shutdown barrier for the dead peer, then
+        # abort with pages of C++ logs: summary.json already says `failed`, so leave now.
+        os._exit(1)
     print(f"{summary['status']}: {_WORKDIR.value} after {summary['steps_completed']} steps, "
           f"final val bpb {summary.get('final_val_bpb')}", flush=True)
     return EXIT_CODES[summary["status"]]

@@ -152,9 +152,16 @@ def sbatch_defaults() -> list[str]:
 
 
 def test_slurm_headers_ask_for_one_task_per_gpu():
-    options = dict(option.split("=", 1) for option in sbatch_defaults())
+    options = dict(option.partition("=")[::2] for option in sbatch_defaults())
     assert options["--gpus-per-task"] == "1"
     assert {"--nodes", "--ntasks-per-node", "--time", "--output"} <= set(options)
+
+
+def test_slurm_headers_ask_for_a_warning_before_the_time_limit_and_requeue():
+    """USR1 to the batch shell (B:), which forwards it; the log survives the requeue."""
+    options = dict(option.partition("=")[::2] for option in sbatch_defaults())
+    assert re.fullmatch(r"B:USR1@\d+", options["--signal"])
+    assert "--requeue" in options and options["--open-mode"] == "append"
 
 
 def test_slurm_dry_run_single_run(env):
