@@ -3,6 +3,7 @@ against a direct simulation and the laws they must obey."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -35,7 +36,7 @@ def test_unigram_and_bigram_bits_per_byte_by_hand(tmp_path):
     cut = len(text) - int(len(text) * data.VALIDATION_FRACTION)  # single file: last 10% is val
     train = text[:cut]
     k = baselines.ADD_K
-    unigram, bigram = Counter(train), Counter(zip(train, train[1:], strict=False))
+    unigram, bigram = Counter(train), Counter(itertools.pairwise(train))
     after = Counter(train[:-1])
     pairs = scored_bytes(config)
     want_unigram = -sum(math.log2((unigram[t] + k) / (len(train) + 256 * k)) for _, t in pairs)
