@@ -13,6 +13,7 @@ meant to prevent. `quick` is a smoke-level check sized for a few minutes on a 2-
 import numpy as np
 
 from experiments import base
+from scale_ablation import claims as claims_lib
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "qk_layernorm")
 
@@ -46,4 +47,28 @@ def sweep(arg: str | None = None) -> list[dict]:
         for head_dim in head_dims
         for lr in lr_grid(arg)
         for seed in seeds
+    ]
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    return [
+        claims_lib.Claim(
+            "With scale 1 or 1/d_k the Transformer diverged or oscillated; only 1/√d_k trained "
+            "smoothly", claims_lib.Unstable(("none", "inv_dk"), expect_unstable=True),
+            source="article §1"),
+        claims_lib.Claim(
+            "1/√d_k trains smoothly", claims_lib.Unstable(("inv_sqrt_dk",), expect_unstable=False),
+            source="article §1"),
+        claims_lib.Claim(
+            "Scale 1 and 1/d_k end worse than 1/√d_k, each policy at its own best learning rate",
+            claims_lib.Compare("worse", policies=("none", "inv_dk")), source="article §1"),
+        claims_lib.Claim(
+            "QK-LayerNorm makes the final loss less sensitive to the learning rate",
+            claims_lib.Compare("better", policies=("qk_layernorm",), metric="lr_sensitivity"),
+            source="Wortsman et al. 2023"),
+        claims_lib.Claim(
+            "QK-LayerNorm keeps the attention logits from growing at large learning rates",
+            claims_lib.Compare("better", policies=("qk_layernorm",),
+                               metric="max_attention_logit", at="each_lr", min_lr=0.05),
+            source="Wortsman et al. 2023"),
     ]
