@@ -81,6 +81,12 @@ def _training_groups(runs: list[dict], rows: list[dict]) -> dict[tuple[str, int]
     return groups
 
 
+def _legend(ax, *, loc: str, fontsize: float = 6) -> None:
+    """A legend inside the panel, when it has labelled lines."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc=loc)
+
+
 def _panels(count: int, rows_of_panels: int = 1, width: float = 4.5, height: float = 3.6):
     fig = Figure(figsize=(width * count, height * rows_of_panels))
     return fig, fig.subplots(rows_of_panels, count, squeeze=False)
@@ -113,7 +119,7 @@ def plot_curves(runs: list[dict], rows: list[dict], key_fn, ylabel: str, path: s
             _baselines(ax, [r for r in rows if r["d_k"] == d_k], unit)
         ax.set_title(f"d_k = {d_k}")
         ax.set_xlabel("step")
-        ax.legend(fontsize=6, loc="upper right")
+        _legend(ax, loc="upper right")
     axes[0][0].set_ylabel(ylabel)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -162,7 +168,7 @@ def plot_final_vs_dk(rows: list[dict], path: str) -> None:
     ax.set_xlabel("d_k (head_dim)")
     best_note = " at its best LR" if cmp.has_lr_grid(rows) else ""
     ax.set_ylabel(f"final {key.removeprefix('final_')}{best_note}\n(mean ± 95% CI; x: diverged)")
-    ax.legend(fontsize=6, loc="best")
+    _legend(ax, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -174,11 +180,13 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
     head_dims = sorted({r["d_k"] for r in rows})
     fig, axes = _panels(len(head_dims))
     styles = _styles(rows, cmp.setting)
+    plotted = set()
     for (name, d_k), by_lr in cmp.curves(rows).items():
         ax = axes[0][head_dims.index(d_k)]
         style = styles[name]
         points = [(lr, e) for lr in sorted(by_lr) if (e := cmp.estimate(by_lr[lr], key))]
         if points:
+            plotted.add(d_k)
             ax.errorbar([lr for lr, _ in points], [e.mean for _, e in points],
                         yerr=[e.half_width or 0 for _, e in points], capsize=3, label=name,
                         **style)
@@ -187,11 +195,11 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
         if unit:
             _baselines(ax, [r for r in rows if r["d_k"] == d_k], unit)
         ax.set_xscale("log")
-        if log_y:
+        if log_y and d_k in plotted:
             ax.set_yscale("log")
         ax.set_title(f"d_k = {d_k}")
         ax.set_xlabel("learning rate")
-        ax.legend(fontsize=6, loc="best")
+        _legend(ax, loc="best")
     axes[0][0].set_ylabel(ylabel)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -233,9 +241,10 @@ def plot_logits_over_training(runs: list[dict], rows: list[dict], path: str) -> 
                     shade = colours(lrs.index(lr) / max(len(lrs) - 1, 1))
                     ax.plot([p[0] for p in points], [p[1] for p in points], color=shade,
                             label=f"lr {lr:.3g}")
-            ax.set_yscale("log")
+            if ax.has_data():
+                ax.set_yscale("log")
             ax.set_title(f"{name}, d_k={d_k}, layer {layer}", fontsize=8)
-            ax.legend(fontsize=5, loc="upper left")
+            _legend(ax, loc="upper left", fontsize=5)
     for ax in axes[-1]:
         ax.set_xlabel("step")
     for row_axes in axes:

@@ -26,7 +26,12 @@ def _steps(rows: list[dict], key: str) -> str:
 def cell(rows: list[dict], key: str = "final_val_bpb") -> str:
     """`mean ± CI (n=k)` of the completed runs, then the instability and status marks."""
     found = cmp.estimate(rows, key)
-    parts = [found.format()] if found else []
+    return " ".join(([found.format()] if found else []) + marks(rows)) or "—"
+
+
+def marks(rows: list[dict]) -> list[str]:
+    """`diverged@STEPS`, `spiked@STEPS`, `collapsed@STEPS` and other statuses of `rows`."""
+    parts = []
     for mark, step_key in (("diverged", "diverged_at_step"), ("spiked", "spike_step"),
                            ("collapsed", "collapse_step")):
         marked = [r for r in rows if r.get(step_key) is not None
@@ -36,7 +41,7 @@ def cell(rows: list[dict], key: str = "final_val_bpb") -> str:
     others = [r["status"] for r in rows if r["status"] not in ("completed", "diverged")]
     if others:
         parts.append(f"[{', '.join(others)}]")
-    return " ".join(parts) or "—"
+    return parts
 
 
 def baseline_line(rows: list[dict], key: str) -> list[str]:
@@ -86,7 +91,7 @@ def noise_floor_lines(rows: list[dict], reference: str, key: str) -> list[str]:
 
 def best_lr_table(rows: list[dict], best: list[cmp.BestLR], key: str) -> list[str]:
     lines = ["## Best learning rate per setting", "", *baseline_line(rows, key),
-             "| policy | d_k | best LR | grid | final at best LR | at best LR | note |",
+             "| policy | d_k | best LR | grid | final at best LR | unstable at best LR | note |",
              "|---|---|---|---|---|---|---|"]
     for b in best:
         grid = f"{b.grid[0]:.3g}–{b.grid[-1]:.3g} ({len(b.grid)})"
@@ -95,7 +100,7 @@ def best_lr_table(rows: list[dict], best: list[cmp.BestLR], key: str) -> list[st
             continue
         note = "WARNING: best LR at the grid edge" if b.at_edge else ""
         lines.append(f"| {b.setting} | {b.d_k} | {b.lr:.3g} | {grid} | {b.estimate.format()} "
-                     f"| {cell(list(b.runs), key)} | {note} |")
+                     f"| {' '.join(marks(list(b.runs))) or 'none'} | {note} |")
     return lines
 
 

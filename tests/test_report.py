@@ -124,8 +124,8 @@ def test_markdown_has_each_run_in_its_row_and_column(sweep_dir):
         policy_rows = [r for r in body if r[0].split(" ")[0] == row["policy"]]
         assert policy_rows, f"no row for {row['policy']}"
         if summary["status"] == "completed":
-            # Alone in its cell: runs of other learning rates are not averaged in.
-            want = f"{summary['final_val_bpb']:.3f}"
+            # Alone in its cell (n=1): runs of other learning rates are not averaged in.
+            want = f"{summary['final_val_bpb']:.3f} (n=1)"
         else:
             want = f"diverged@{summary['diverged_at_step']}"
         assert any(r[column] == want for r in policy_rows), (want, policy_rows)
