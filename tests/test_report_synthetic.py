@@ -242,6 +242,7 @@ def test_paired_differences_at_each_best_lr(sweep):
         seeds = [s for s in SEEDS if (policy, lr, s) != FAILED]
         values = [final_loss(policy, lr, s) / math.log(2) for s in seeds]
         _, d_k, diff, verdict = rows[policy]
+        assert d_k == "64"
         assert diff == scipy_paired(values, [reference[s] for s in seeds])
         assert verdict == decision
     # The true gap of `none`, in bits, lies inside its interval.
