@@ -69,6 +69,7 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
         claims_lib.Claim(
             "QK-LayerNorm keeps the attention logits from growing at large learning rates",
             claims_lib.Compare("better", policies=("qk_layernorm",),
-                               metric="max_attention_logit", at="each_lr", min_lr=0.05),
+                               metric="max_attention_logit", at="each_lr", min_lr=0.05,
+                               log10=True),
             source="Wortsman et al. 2023"),
     ]

@@ -23,6 +23,7 @@ at every d_k, and contradicted when one has none.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 
 from scale_ablation import comparisons as cmp
@@ -41,6 +42,7 @@ class Compare:
     at: str = "best_lr"  # "best_lr" | "each_lr"
     min_d_k: int = 0
     min_lr: float = 0.0  # at="each_lr": only learning rates >= this
+    log10: bool = False  # compare log10 of the metric (heavy-tailed ones: max |logit|)
 
     def __post_init__(self) -> None:
         if self.expect not in OPPOSITE:
@@ -58,6 +60,7 @@ class Compare:
             where = "at every shared LR" + (f" >= {self.min_lr:g}" if self.min_lr else "")
         metric = ("final validation bits per byte (MQAR: recall accuracy)"
                   if self.metric == "primary" else self.metric)
+        metric = f"log10 {metric}" if self.log10 else metric
         dims = f", d_k >= {self.min_d_k}" if self.min_d_k else ""
         return (f"supported if {who} is {self.expect} than {self.reference} in {metric} "
                 f"({where}{dims}; paired by seed, 95% CI of the difference)")
@@ -92,9 +95,18 @@ class Verdict:
     numbers: tuple[str, ...]
 
 
+def _log10_of(rows: list[dict], key: str) -> list[dict]:
+    def log(value):
+        ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+        return math.log10(value) if ok else None
+    return [{**r, key: log(r.get(key))} for r in rows]
+
+
 def _comparisons(rule: Compare, rows: list[dict]) -> list[cmp.Paired]:
     rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
     key, higher = cmp.primary_metric(rows)
+    if rule.log10 and rule.metric not in ("primary", "lr_sensitivity"):
+        rows = _log10_of(rows, rule.metric)
     if rule.metric == "lr_sensitivity":
         found = cmp.paired_sensitivity(rows, rule.reference)
     else:

@@ -51,7 +51,7 @@ def claims(arg=None):
         c.Claim("inv_dk is worse", c.Compare("worse", policies=("inv_dk",))),
         c.Claim("qk_layernorm is worse", c.Compare("worse", policies=("qk_layernorm",))),
         c.Claim("qk logits stay small", c.Compare("better", policies=("qk_layernorm",),
-                metric="max_attention_logit", at="each_lr", min_lr=0.05)),
+                metric="max_attention_logit", at="each_lr", min_lr=0.05, log10=True)),
         c.Claim("none never trains smoothly", c.Unstable(("none",))),
         c.Claim("inv_sqrt_dk trains smoothly", c.Unstable(("inv_sqrt_dk",), False)),
     ]
