@@ -23,7 +23,6 @@ at every d_k, and contradicted when one has none.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import defaultdict
 
 from scale_ablation import comparisons as cmp
@@ -95,18 +94,11 @@ class Verdict:
     numbers: tuple[str, ...]
 
 
-def _log10_of(rows: list[dict], key: str) -> list[dict]:
-    def log(value):
-        ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-        return math.log10(value) if ok else None
-    return [{**r, key: log(r.get(key))} for r in rows]
-
-
 def _comparisons(rule: Compare, rows: list[dict]) -> list[cmp.Paired]:
     rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
     key, higher = cmp.primary_metric(rows)
     if rule.log10 and rule.metric not in ("primary", "lr_sensitivity"):
-        rows = _log10_of(rows, rule.metric)
+        rows = cmp.log10_rows(rows, rule.metric)
     if rule.metric == "lr_sensitivity":
         found = cmp.paired_sensitivity(rows, rule.reference)
     else:

@@ -257,3 +257,12 @@ def paired_sensitivity(rows: list[dict], reference: str) -> list[Paired]:
         for seed in sorted(set(seeds) & set(ref)):
             groups[(name, policy, d_k, None)].append((seeds[seed], ref[seed]))
     return _paired(groups, higher_is_better=False)
+
+
+def log10_rows(rows: list[dict], key: str) -> list[dict]:
+    """Copies of `rows` with `key` replaced by its log10 (None where not finite and positive):
+    heavy-tailed metrics (max |logit|) are averaged and compared as logs."""
+    def log(value):
+        ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+        return math.log10(value) if ok else None
+    return [{**r, key: log(r.get(key))} for r in rows]

@@ -117,6 +117,8 @@ def plot_curves(runs: list[dict], rows: list[dict], key_fn, ylabel: str, path: s
             _zoom(ax)
         if unit:
             _baselines(ax, [r for r in rows if r["d_k"] == d_k], unit)
+            if zoom:  # keep the best count baseline (bigram) in view: the model must beat it
+                _include_bigram(ax, [r for r in rows if r["d_k"] == d_k], unit)
         ax.set_title(f"d_k = {d_k}")
         ax.set_xlabel("step")
         _legend(ax, loc="upper right")
@@ -137,6 +139,15 @@ def _zoom(ax) -> None:
         low, high = min(values), max(values)
         pad = 0.15 * (high - low) or 0.05 * abs(high) or 0.1
         ax.set_ylim(low - pad, high + pad)
+
+
+def _include_bigram(ax, rows: list[dict], unit: str) -> None:
+    factor = {"bpb": 1.0, "nats": LN2}.get(unit)
+    values = [r["baseline_bigram_bpb"] * factor for r in rows
+              if factor and r.get("baseline_bigram_bpb") is not None]
+    if values:
+        low, high = ax.get_ylim()
+        ax.set_ylim(min(low, min(values) - 0.05 * (high - low)), max(high, max(values)))
 
 
 def plot_final_vs_dk(rows: list[dict], path: str) -> None:
@@ -181,16 +192,21 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
     fig, axes = _panels(len(head_dims))
     styles = _styles(rows, cmp.setting)
     plotted = set()
-    for (name, d_k), by_lr in cmp.curves(rows).items():
+    # A log axis shows the geometric mean and the CI of the mean log10, back-transformed.
+    scale = (lambda v: 10**v) if log_y else (lambda v: v)
+    for (name, d_k), by_lr in cmp.curves(cmp.log10_rows(rows, key) if log_y else rows).items():
         ax = axes[0][head_dims.index(d_k)]
         style = styles[name]
         points = [(lr, e) for lr in sorted(by_lr) if (e := cmp.estimate(by_lr[lr], key))]
         if points:
             plotted.add(d_k)
-            ax.errorbar([lr for lr, _ in points], [e.mean for _, e in points],
-                        yerr=[e.half_width or 0 for _, e in points], capsize=3, label=name,
-                        **style)
-        _mark_unstable(ax, by_lr, dict(points), style["color"])
+            centre = [scale(e.mean) for _, e in points]
+            low = [c - scale(e.mean - (e.half_width or 0)) for c, (_, e) in zip(centre, points, strict=True)]
+            high = [scale(e.mean + (e.half_width or 0)) - c for c, (_, e) in zip(centre, points, strict=True)]
+            ax.errorbar([lr for lr, _ in points], centre, yerr=[low, high], capsize=3,
+                        label=name, **style)
+        _mark_unstable(ax, by_lr, {lr: c for (lr, _), c in zip(points, centre, strict=True)}
+                       if points else {}, style["color"])
     for ax, d_k in zip(axes[0], head_dims, strict=True):
         if unit:
             _baselines(ax, [r for r in rows if r["d_k"] == d_k], unit)
@@ -205,7 +221,8 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
     fig.savefig(path, dpi=110)
 
 
-def _mark_unstable(ax, by_lr: dict[float, list[dict]], means: dict, colour: str) -> None:
+def _mark_unstable(ax, by_lr: dict[float, list[dict]], means: dict[float, float],
+                   colour: str) -> None:
     for lr, runs in by_lr.items():
         if any(r["status"] == "diverged" for r in runs):
             ax.plot([lr], [1.0], "x", color=colour, markersize=9,
@@ -213,9 +230,9 @@ def _mark_unstable(ax, by_lr: dict[float, list[dict]], means: dict, colour: str)
         if lr not in means:
             continue
         if any(r.get("spike_step") is not None for r in runs):
-            ax.plot([lr], [means[lr].mean], "^", color=colour, markersize=11, fillstyle="none")
+            ax.plot([lr], [means[lr]], "^", color=colour, markersize=11, fillstyle="none")
         if any(r.get("collapse_step") is not None for r in runs):
-            ax.plot([lr], [means[lr].mean], "v", color=colour, markersize=11, fillstyle="none")
+            ax.plot([lr], [means[lr]], "v", color=colour, markersize=11, fillstyle="none")
 
 
 def plot_logits_over_training(runs: list[dict], rows: list[dict], path: str) -> bool:
