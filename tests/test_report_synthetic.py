@@ -339,3 +339,39 @@ def test_plots_written(sweep):
                  "max_logit_vs_lr_layer0.png", "max_logit_vs_lr_layer1.png",
                  "final_bpb_vs_dk.png", "entropy_over_training.png"):
         assert (sweep / "report" / name).read_bytes()[:4] == b"\x89PNG", name
+
+
+# --------------------------------------------------------------------------- MQAR
+
+
+def test_mqar_tables_use_accuracy_with_chance_and_context_guess(tmp_path):
+    """Recall accuracy is the metric (higher is better) and its tables carry MQAR's baselines."""
+    accuracy = {("inv_sqrt_dk", 1e-3): 0.50, ("inv_sqrt_dk", 1e-2): 0.80,
+                ("none", 1e-3): 0.40, ("none", 1e-2): 0.30}
+    runs = []
+    for (policy, lr), acc in accuracy.items():
+        for seed in (0, 1, 2):
+            config = config_for(policy, lr, seed)
+            config["data"].update(source="mqar", mqar_num_pairs=4, mqar_vocab_size=32)
+            name = f"policy={policy},lr={lr},seed={seed}"
+            files = tracking.RunFiles(tmp_path / name)
+            files.write_config(config)
+            value = acc + 0.01 * seed
+            files.append_metrics(STEPS, {"val/loss": 1.0, "val/bpb": 1.0 / math.log(2),
+                                         "val/accuracy": value})
+            files.write_summary({"status": "completed", "steps_completed": STEPS,
+                                 "final_val_loss": 1.0, "final_val_bpb": 1.0 / math.log(2),
+                                 "diverged_at_step": None})
+            runs.append({"name": name, "overrides": {"policy": policy, "train.lr": lr,
+                                                     "train.seed": seed}})
+    (tmp_path / "sweep.json").write_text(json.dumps({"config": "none.py", "runs": runs}))
+    report.write_report(str(tmp_path))
+    text = (tmp_path / "report" / "summary.md").read_text()
+    counts = baselines.baselines(config)
+    head = text.split("# Final val/accuracy", 1)[1].split("| policy", 1)[0]
+    assert f"chance {2 / 32:.3f}" in head
+    assert f"guess a value seen in the context {counts['context_guess_accuracy']:.3f}" in head
+    best = {r[0]: float(r[2]) for r in section(text, "## Best learning rate per setting")}
+    assert best == {"inv_sqrt_dk": 1e-2, "none": 1e-3}  # the highest accuracy, not the lowest
+    (row,) = section(text, "## Paired differences against inv_sqrt_dk, each at its own best LR")
+    assert row[0] == "none" and row[3] == "worse"  # 0.40 against 0.80: lower accuracy
