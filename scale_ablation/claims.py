@@ -143,20 +143,21 @@ def _smooth_lrs(rows: list[dict]) -> dict[tuple[str, int], list[float]]:
             for group, lrs in by_lr.items()}
 
 
+def _instability_counts(runs: list[dict]) -> str:
+    diverged = sum(r["status"] == "diverged" for r in runs)
+    spiked = sum(r.get("spike_step") is not None for r in runs)
+    collapsed = sum(r.get("collapse_step") is not None for r in runs)
+    return f"{diverged} diverged, {spiked} spiked, {collapsed} collapsed of {len(runs)} runs"
+
+
 def _judge_unstable(rule: Unstable, rows: list[dict]) -> Verdict:
     rows = [r for r in rows if r["policy"] in rule.policies and r["d_k"] >= rule.min_d_k]
     smooth = _smooth_lrs(rows)
-    counts = defaultdict(lambda: defaultdict(int))
-    for r in rows:
-        counts[(r["policy"], r["d_k"])][r["status"]] += 1
-        counts[(r["policy"], r["d_k"])]["spiked"] += r.get("spike_step") is not None
-        counts[(r["policy"], r["d_k"])]["collapsed"] += r.get("collapse_step") is not None
-    numbers = tuple(
-        f"{policy}, d_k={d_k}: smooth at LR {', '.join(f'{lr:.3g}' for lr in lrs) or 'none'}; "
-        f"{counts[(policy, d_k)]['diverged']} diverged, {counts[(policy, d_k)]['spiked']} spiked, "
-        f"{counts[(policy, d_k)]['collapsed']} collapsed of "
-        f"{sum(counts[(policy, d_k)][s] for s in ('completed', 'diverged', 'failed', 'interrupted', 'preempted'))} runs"
-        for (policy, d_k), lrs in smooth.items())
+    numbers = tuple(f"{policy}, d_k={d_k}: smooth at LR "
+                    f"{', '.join(f'{lr:.3g}' for lr in lrs) or 'none'}; "
+                    + _instability_counts([r for r in rows
+                                           if (r["policy"], r["d_k"]) == (policy, d_k)])
+                    for (policy, d_k), lrs in smooth.items())
     if not smooth:
         return Verdict("inconclusive", "no runs of these policies", numbers)
     trains = [g for g, lrs in smooth.items() if lrs]

@@ -284,3 +284,17 @@ def test_cli_rewrites_the_same_report(sweep_dir, tmp_path):
     assert written.strip() in result.stdout
     csv_text = (copy / "report" / "summary.csv").read_text()
     assert csv_text == (sweep_dir / "report" / "summary.csv").read_text()
+
+
+def test_cli_refuses_a_reference_policy_without_runs(sweep_dir, tmp_path):
+    copy = tmp_path / sweep_dir.name
+    shutil.copytree(sweep_dir, copy, ignore=shutil.ignore_patterns("report"))
+    result = run_report(str(copy), "--reference=qk_layernorm")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "qk_layernorm" in lines[0]
+    assert not (copy / "report").exists()
+    # A reference the sweep ran (one seed: no noise floor to measure) is the one named.
+    result = run_report(str(copy), "--reference=learned")
+    assert result.returncode == 0, result.stderr
+    assert "Noise floor: not measured (no setting of the reference policy learned" in result.stdout

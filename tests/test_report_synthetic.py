@@ -375,3 +375,12 @@ def test_mqar_tables_use_accuracy_with_chance_and_context_guess(tmp_path):
     assert best == {"inv_sqrt_dk": 1e-2, "none": 1e-3}  # the highest accuracy, not the lowest
     (row,) = section(text, "## Paired differences against inv_sqrt_dk, each at its own best LR")
     assert row[0] == "none" and row[3] == "worse"  # 0.40 against 0.80: lower accuracy
+
+
+def test_a_rule_with_an_unknown_expectation_is_refused():
+    from scale_ablation import claims
+
+    with pytest.raises(ValueError, match="expect"):
+        claims.Compare("smaller")
+    with pytest.raises(ValueError, match="best_lr or each_lr"):
+        claims.Compare("worse", at="sometimes")
