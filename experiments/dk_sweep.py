@@ -19,7 +19,9 @@ the axis, set INITS to one of them.
 """
 
 from experiments import base
+from scale_ablation import claims as claims_lib
 
+OTHER_SCALES = ("none", "inv_dk", "inv_log_dk", "const:0.1")  # the article's §1 alternatives
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned", "qk_layernorm",
             "log_length")
 HEAD_DIMS = (16, 64, 256, 1024)
@@ -51,4 +53,19 @@ def sweep(arg: str | None = None) -> list[dict]:
         for policy in POLICIES
         for head_dim in HEAD_DIMS
         for seed in seeds
+    ]
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    # One learning rate here: lr_sensitivity.py compares the policies each at its best LR.
+    return [
+        claims_lib.Claim(
+            "Scale 1, 1/d_k, 1/log d_k and a fixed 0.1 diverged or oscillated; only 1/√d_k "
+            "trained smoothly (at large d_k)",
+            claims_lib.Unstable(OTHER_SCALES, expect_unstable=True, min_d_k=256),
+            source="article §1"),
+        claims_lib.Claim(
+            "At large d_k every other scale ends worse than 1/√d_k",
+            claims_lib.Compare("worse", policies=OTHER_SCALES, at="each_lr", min_d_k=256),
+            source="article §1"),
     ]

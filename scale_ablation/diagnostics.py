@@ -19,6 +19,11 @@ def attention_stats(
 ) -> dict[str, jax.Array]:
     """Per-head statistics, each a [heads] float32 array.
 
+    Queries that see one key (the first query under a causal mask) have no choice: their weight
+    is always 1 and their entropy 0. They are left out of `entropy_normalised`, `max_weight`
+    and `peaked_share` (means over the queries that see two keys or more); `entropy` is the
+    plain mean over every query, in nats.
+
     logits: [B, H, Tq, Tk] after the policy's scale, before masking.
     probs:  [B, H, Tq, Tk] softmax weights.
     mask:   [Tq, Tk] bool (True = visible) or None for full attention.
@@ -52,8 +57,8 @@ def attention_stats(
         "max_abs_logit": max_abs_logit,
         "entropy": over_queries(entropy),
         "entropy_normalised": over_queries(normalised, has_choice),
-        "max_weight": over_queries(max_weight),
-        "peaked_share": over_queries((max_weight > PEAKED_WEIGHT).astype(jnp.float32)),
+        "max_weight": over_queries(max_weight, has_choice),
+        "peaked_share": over_queries((max_weight > PEAKED_WEIGHT).astype(jnp.float32), has_choice),
     }
 
 

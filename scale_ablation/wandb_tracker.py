@@ -207,6 +207,13 @@ class WandbTracker:
         data = [jsonfiles.plain(list(row), nonfinite_to_none=False) for row in rows]
         self._run.log({key: wandb.Table(columns=list(columns), data=data)})
 
+    @_guarded("log_images")
+    def log_images(self, images: Mapping[str, str | os.PathLike]) -> None:
+        """PNG files (a report's plots, say) as W&B images, one key each."""
+        import wandb
+
+        self._run.log({key: wandb.Image(str(path)) for key, path in images.items()})
+
     @_guarded("summary")
     def summary(self, fields: Mapping[str, Any]) -> None:
         """The run's W&B summary: the set fields of summary.json, without the run's own id."""

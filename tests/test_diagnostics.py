@@ -53,8 +53,31 @@ def test_uniform_over_visible_keys_causal():
     np.testing.assert_allclose(stats["entropy"], np.log(seen).mean(), rtol=1e-6)
     # Query 0 has one key and no choice: left out, every other query is at the maximum.
     np.testing.assert_allclose(stats["entropy_normalised"], 1.0, rtol=1e-6)
-    np.testing.assert_allclose(stats["max_weight"], (1 / seen).mean(), rtol=1e-6)
-    np.testing.assert_allclose(stats["peaked_share"], 1 / n, rtol=1e-6)  # only query 0
+    # Query 0's weight is 1 whatever the scale: the max weight and the peaked share leave it out.
+    np.testing.assert_allclose(stats["max_weight"], (1 / seen[1:]).mean(), rtol=1e-6)
+    np.testing.assert_array_equal(stats["peaked_share"], 0.0)
+
+
+def test_max_weight_leaves_out_the_query_that_sees_one_key():
+    # Queries 1..n-1 put 0.95 on key 0; query 0 has weight 1 on its only key. Counted over the
+    # queries with a choice the mean max weight is 0.95; with query 0 it would be 0.96.
+    n = 5
+    mask = causal(n)
+    probs = np.zeros((1, 1, n, n), np.float32)
+    probs[0, 0, 0, 0] = 1.0
+    for query in range(1, n):
+        probs[0, 0, query, 0] = 0.95
+        probs[0, 0, query, 1 : query + 1] = 0.05 / query
+    stats = stats_of(np.zeros_like(probs), probs, mask)
+    np.testing.assert_allclose(stats["max_weight"], [0.95], rtol=1e-6)
+    np.testing.assert_allclose(stats["peaked_share"], [1.0])
+    probs[0, 0, 1:, 0] = 0.5  # queries 1..n-1 no longer peaked; query 0 still has weight 1
+    probs[0, 0, 1, 1] = 0.5
+    for query in range(2, n):
+        probs[0, 0, query, 1 : query + 1] = 0.5 / query
+    stats = stats_of(np.zeros_like(probs), probs, mask)
+    np.testing.assert_allclose(stats["max_weight"], [0.5], rtol=1e-6)
+    np.testing.assert_array_equal(stats["peaked_share"], [0.0])
 
 
 def test_one_hot_rows():

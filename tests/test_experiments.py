@@ -15,7 +15,7 @@ import pathlib
 import ml_collections
 import pytest
 
-from scale_ablation import experiment, policies
+from scale_ablation import claims, experiment, policies
 from scale_ablation.config import layer_policy_specs, validate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -134,3 +134,18 @@ def test_a_bad_override_is_a_value_error(key, value):
     config = experiment.load_config(str(REPO / "experiments" / "base.py"))
     with pytest.raises(ValueError, match="override"):
         experiment.apply_overrides(config, {key: value})
+
+
+@pytest.mark.parametrize("path", EXPERIMENT_FILES, ids=lambda p: p.stem)
+def test_claims_name_policies_the_grid_runs(path):
+    """A claim about a policy the experiment never runs could only ever be inconclusive."""
+    for variant in (None, "quick"):
+        module, arg = experiment.load_module(f"{path}:{variant}" if variant else str(path))
+        if not hasattr(module, "claims"):
+            continue
+        declared = module.claims(arg)
+        assert declared and all(isinstance(c, claims.Claim) for c in declared)
+        grid_policies = {point.get("policy") for point in module.sweep(arg)}
+        for claim in declared:
+            named = set(claim.rule.policies) | ({getattr(claim.rule, "reference", None)} - {None})
+            assert named <= grid_policies, (claim.text, named - grid_policies)

@@ -32,6 +32,11 @@ PLOTS = (
     "entropy_over_training.png",
     "final_bpb_vs_dk.png",
     "learned_scale_vs_dk.png",
+    # The sweep has two learning rates of one policy: loss and logit growth against LR.
+    "loss_vs_lr.png",
+    "max_logit_over_training.png",
+    "max_logit_vs_lr_layer0.png",
+    "max_logit_vs_lr_layer1.png",
 )
 
 
@@ -124,8 +129,8 @@ def test_markdown_has_each_run_in_its_row_and_column(sweep_dir):
         policy_rows = [r for r in body if r[0].split(" ")[0] == row["policy"]]
         assert policy_rows, f"no row for {row['policy']}"
         if summary["status"] == "completed":
-            # Alone in its cell: runs of other learning rates are not averaged in.
-            want = f"{summary['final_val_bpb']:.3f}"
+            # Alone in its cell (n=1): runs of other learning rates are not averaged in.
+            want = f"{summary['final_val_bpb']:.3f} (n=1)"
         else:
             want = f"diverged@{summary['diverged_at_step']}"
         assert any(r[column] == want for r in policy_rows), (want, policy_rows)
@@ -159,6 +164,20 @@ def test_wandb_table_holds_the_csv(sweep_dir):
                 assert float(text) == value
             else:
                 assert str(value) == text
+    # The report's plots, as images of the summary run, byte for byte what report/ holds.
+    images = {key: value for row in wandb_offline.read_history(run_dir)
+              for key, value in row.items() if key.startswith("plots/")}
+    pngs = sorted(p for p in (sweep_dir / "report").iterdir() if p.suffix == ".png")
+    assert pngs and sorted(images) == [f"plots/{p.stem}" for p in pngs]
+    for png in pngs:
+        logged = images[f"plots/{png.stem}"]
+        assert logged["_type"] == "image-file"
+        assert (run_dir / "files" / logged["path"]).read_bytes() == png.read_bytes()
+    # The summary run sits in the sweep's group, named after the sweep.
+    run = wandb_offline.read_run(run_dir)
+    member = read_json(next(sweep_dir.glob("*/config.json")))
+    assert run["name"] == f"{sweep_dir.name}-report" and run["job_type"] == "report"
+    assert run["group"] == member["wandb"]["group"]
 
 
 # --------------------------------------------------------------------------- LR sensitivity
@@ -279,3 +298,17 @@ def test_cli_rewrites_the_same_report(sweep_dir, tmp_path):
     assert written.strip() in result.stdout
     csv_text = (copy / "report" / "summary.csv").read_text()
     assert csv_text == (sweep_dir / "report" / "summary.csv").read_text()
+
+
+def test_cli_refuses_a_reference_policy_without_runs(sweep_dir, tmp_path):
+    copy = tmp_path / sweep_dir.name
+    shutil.copytree(sweep_dir, copy, ignore=shutil.ignore_patterns("report"))
+    result = run_report(str(copy), "--reference=qk_layernorm")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "qk_layernorm" in lines[0]
+    assert not (copy / "report").exists()
+    # A reference the sweep ran (one seed: no noise floor to measure) is the one named.
+    result = run_report(str(copy), "--reference=learned")
+    assert result.returncode == 0, result.stderr
+    assert "Noise floor: not measured (no setting of the reference policy learned" in result.stdout

@@ -1,0 +1,107 @@
+"""What a model must beat: count-based byte models, and MQAR's chance and context guessing.
+
+Language modelling: unigram and bigram models counted on the training split with add-k
+smoothing (k = ADD_K on every one of the 256 byte values, or of the 256 next bytes of each
+previous byte), scored in bits per byte on exactly the validation targets the model is scored on:
+the windows `source.val_batches(train.batch_size, data.seq_len, data.val_batches)`, weighted as
+the model's loss is. The bigram's context is the position's input byte, which is the byte before
+the target in the corpus, so it sees no more than the model does.
+
+MQAR: `chance` guesses uniformly among the value ids [V/2, V); `context_guess` guesses uniformly
+among the distinct value ids already in the sequence up to the query (the answer is always one
+of them), its expected accuracy computed on the validation batches the model is scored on.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from scale_ablation import data as data_lib
+
+ADD_K = 0.5  # add-k smoothing of both count models (k = 1/2: Jeffreys / Krichevsky–Trofimov)
+
+
+def _data_config(config: Mapping[str, Any]) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**config["data"])
+
+
+def _validation(config: Mapping[str, Any]) -> tuple[Any, list[data_lib.Batch]]:
+    source = data_lib.make_source(_data_config(config), seed=config["train"]["seed"])
+    batches = source.val_batches(config["train"]["batch_size"], config["data"]["seq_len"],
+                                 config["data"]["val_batches"])
+    return source, batches
+
+
+def unigram_bits(train: np.ndarray, targets: np.ndarray, weights: np.ndarray,
+                 k: float = ADD_K) -> float:
+    """Weighted mean −log2 p(target) under add-k smoothed byte frequencies of `train`."""
+    counts = np.bincount(train, minlength=data_lib.VOCAB_SIZE).astype(np.float64)  # [256]
+    probs = (counts + k) / (counts.sum() + k * data_lib.VOCAB_SIZE)
+    return float(-(np.log2(probs[targets]) * weights).sum() / weights.sum())
+
+
+def bigram_bits(train: np.ndarray, inputs: np.ndarray, targets: np.ndarray,
+                weights: np.ndarray, k: float = ADD_K) -> float:
+    """Weighted mean −log2 p(target | input byte) under add-k smoothed pair counts of `train`."""
+    vocab = data_lib.VOCAB_SIZE
+    train = train.astype(np.int64)
+    pairs = np.bincount(train[:-1] * vocab + train[1:], minlength=vocab * vocab)
+    pairs = pairs.reshape(vocab, vocab).astype(np.float64)  # [previous byte, next byte]
+    probs = (pairs + k) / (pairs.sum(axis=1, keepdims=True) + k * vocab)
+    return float(-(np.log2(probs[inputs, targets]) * weights).sum() / weights.sum())
+
+
+def _json_key(config: Mapping[str, Any]) -> str:
+    fields = {"data": config["data"], "batch_size": config["train"]["batch_size"],
+              "seed": config["train"]["seed"] if config["data"]["source"] == "mqar" else 0}
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def baselines(config: Mapping[str, Any]) -> dict[str, float]:
+    """The baselines of a run's config (as in its config.json), by name:
+    LM: unigram_bpb, bigram_bpb; MQAR: chance_accuracy, context_guess_accuracy."""
+    # Runs of a sweep share their data settings: count once per distinct setting.
+    return dict(_cached(_json_key(config)))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(key: str) -> tuple[tuple[str, float], ...]:
+    fields = json.loads(key)
+    config = {"data": fields["data"],
+              "train": {"batch_size": fields["batch_size"], "seed": fields["seed"]}}
+    source, batches = _validation(config)
+    if isinstance(source, data_lib.MQAR):
+        return (("chance_accuracy", 2 / source.vocab_size),
+                ("context_guess_accuracy", context_guess_accuracy(source, batches)))
+    inputs, targets, weights = (np.concatenate([getattr(b, name) for b in batches])
+                                for name in ("inputs", "targets", "weights"))
+    return (("unigram_bpb", unigram_bits(source.train, targets, weights)),
+            ("bigram_bpb", bigram_bits(source.train, inputs, targets, weights)))
+
+
+def context_guess_accuracy(source: data_lib.MQAR, batches: list[data_lib.Batch]) -> float:
+    """Expected accuracy of guessing uniformly among the distinct values seen up to each query."""
+    half = source.vocab_size // 2
+    hits, total = 0.0, 0.0
+    for batch in batches:
+        is_value = (batch.inputs >= half) & (batch.inputs < source.vocab_size)  # [B, T]
+        for row in range(batch.inputs.shape[0]):
+            for position in np.flatnonzero(batch.weights[row]):
+                seen = np.unique(batch.inputs[row, : position + 1][is_value[row, : position + 1]])
+                weight = float(batch.weights[row, position])
+                hits += weight * (batch.targets[row, position] in seen) / max(len(seen), 1)
+                total += weight
+    if total == 0:
+        raise ValueError("context_guess_accuracy: the batches have no weighted positions")
+    return hits / total
+
+
+def bits_to_nats(bits: float) -> float:
+    return bits * math.log(2)

@@ -1,0 +1,207 @@
+"""Claims an experiment tests, and the rules that decide their verdicts from its runs.
+
+An experiment file may define `claims(arg) -> list[Claim]`; `report` then writes claims.md with,
+per claim, the command, the numbers with their 95% CIs and a verdict (supported, contradicted or
+inconclusive) with its reason. Two rules:
+
+Compare: each listed policy against the reference policy, paired by seed (and every other swept
+field). `at="best_lr"` compares each at its own best learning rate (needs an LR grid);
+`at="each_lr"` at every learning rate both ran (from `min_lr` up). The metric is the sweep's
+primary one (bits per byte; MQAR: recall accuracy), "lr_sensitivity" (Wortsman et al. 2023,
+per seed) or a run-row key such as "max_attention_logit". Each comparison is "better", "worse"
+or "indistinguishable" by whether its CI excludes 0. Verdict: supported when every comparison is
+the expected one; contradicted when one is decided the other way (for "indistinguishable":
+when one is decided either way); otherwise inconclusive.
+
+Unstable: whether the listed policies train smoothly at some learning rate: at that LR every
+run completed with no spike and no collapse (`instability.py`). expect_unstable=True ("diverged
+or oscillated") is supported when no listed policy has such an LR at any d_k in range and
+contradicted when one does; expect_unstable=False is supported when every listed policy has one
+at every d_k, and contradicted when one has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+from scale_ablation import comparisons as cmp
+from scale_ablation import experiment
+
+OPPOSITE = {"better": ("worse",), "worse": ("better",),
+            "indistinguishable": ("better", "worse")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    expect: str  # "better" | "worse" | "indistinguishable": the policy against the reference
+    policies: tuple[str, ...] = ()  # empty: every policy in the sweep but the reference
+    reference: str = cmp.DEFAULT_REFERENCE
+    metric: str = "primary"  # "primary" | "lr_sensitivity" | a run-row key
+    at: str = "best_lr"  # "best_lr" | "each_lr"
+    min_d_k: int = 0
+    min_lr: float = 0.0  # at="each_lr": only learning rates >= this
+    log10: bool = False  # compare log10 of the metric (heavy-tailed ones: max |logit|)
+
+    def __post_init__(self) -> None:
+        if self.expect not in OPPOSITE:
+            raise ValueError(f"Compare.expect must be one of {sorted(OPPOSITE)}, got {self.expect!r}")
+        if self.at not in ("best_lr", "each_lr"):
+            raise ValueError(f"Compare.at must be best_lr or each_lr, got {self.at!r}")
+
+    def describe(self) -> str:
+        who = ", ".join(self.policies) or f"every policy but {self.reference}"
+        if self.metric == "lr_sensitivity":
+            where = "each seed's curve over the LR grid"
+        elif self.at == "best_lr":
+            where = "each at its own best LR"
+        else:
+            where = "at every shared LR" + (f" >= {self.min_lr:g}" if self.min_lr else "")
+        metric = ("final validation bits per byte (MQAR: recall accuracy)"
+                  if self.metric == "primary" else self.metric)
+        metric = f"log10 {metric}" if self.log10 else metric
+        dims = f", d_k >= {self.min_d_k}" if self.min_d_k else ""
+        return (f"supported if {who} is {self.expect} than {self.reference} in {metric} "
+                f"({where}{dims}; paired by seed, 95% CI of the difference)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Unstable:
+    policies: tuple[str, ...]
+    expect_unstable: bool = True
+    min_d_k: int = 0
+
+    def describe(self) -> str:
+        who = ", ".join(self.policies)
+        dims = f" at d_k >= {self.min_d_k}" if self.min_d_k else ""
+        if self.expect_unstable:
+            return (f"supported if {who} train smoothly at no learning rate{dims} (every LR has a "
+                    "diverged, spiked or collapsed run)")
+        return f"supported if {who} train smoothly at some learning rate{dims}, every d_k"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    text: str  # the article's claim, in its words
+    rule: Compare | Unstable
+    source: str = ""  # where it is made, e.g. "article §1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    verdict: str  # supported | contradicted | inconclusive
+    reason: str
+    numbers: tuple[str, ...]
+
+
+def _comparisons(rule: Compare, rows: list[dict]) -> list[cmp.Paired]:
+    rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
+    key, higher = cmp.primary_metric(rows)
+    if rule.log10 and rule.metric not in ("primary", "lr_sensitivity"):
+        rows = cmp.log10_rows(rows, rule.metric)
+    if rule.metric == "lr_sensitivity":
+        found = cmp.paired_sensitivity(rows, rule.reference)
+    else:
+        metric = key if rule.metric == "primary" else rule.metric
+        higher = higher if rule.metric == "primary" else False
+        if rule.at == "best_lr":
+            best = cmp.best_lrs(rows, key, cmp.primary_metric(rows)[1])
+            found = cmp.paired_best_lr(best, rule.reference, metric, higher)
+        else:
+            found = cmp.paired_same_lr([r for r in rows if r["lr"] >= rule.min_lr],
+                                       rule.reference, metric, higher)
+    return [p for p in found if not rule.policies or p.policy in rule.policies]
+
+
+def _judge_compare(rule: Compare, rows: list[dict]) -> Verdict:
+    found = _comparisons(rule, rows)
+    numbers = tuple(f"{p.variant}, d_k={p.d_k}{'' if p.lr is None else f', lr={p.lr:.3g}'}: "
+                    f"Δ = {p.difference.format(4)} → {p.decision}" for p in found)
+    if not found:
+        return Verdict("inconclusive", "no runs to compare (missing policies, seeds or LR grid)",
+                       numbers)
+    against = [p for p in found if p.decision in OPPOSITE[rule.expect]]
+    if against:
+        names = "; ".join(f"{p.variant} d_k={p.d_k}: {p.decision}" for p in against)
+        return Verdict("contradicted", f"decided against the claim: {names}", numbers)
+    undecided = [p for p in found if p.decision != rule.expect]
+    if undecided:
+        names = "; ".join(f"{p.variant} d_k={p.d_k}: {p.decision}" for p in undecided)
+        return Verdict("inconclusive", f"not resolved by the data: {names}", numbers)
+    return Verdict("supported", f"all {len(found)} comparisons are {rule.expect}", numbers)
+
+
+def _smooth_lrs(rows: list[dict]) -> dict[tuple[str, int], list[float]]:
+    """(policy, d_k) -> the learning rates at which every run completed with no spike or
+    collapse (an empty list when there is none)."""
+    by_lr: dict = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_lr[(r["policy"], r["d_k"])][r["lr"]].append(r)
+    return {group: sorted(lr for lr, runs in lrs.items()
+                          if all(r["status"] == "completed" and r.get("spike_step") is None
+                                 and r.get("collapse_step") is None for r in runs))
+            for group, lrs in by_lr.items()}
+
+
+def _instability_counts(runs: list[dict]) -> str:
+    diverged = sum(r["status"] == "diverged" for r in runs)
+    spiked = sum(r.get("spike_step") is not None for r in runs)
+    collapsed = sum(r.get("collapse_step") is not None for r in runs)
+    return f"{diverged} diverged, {spiked} spiked, {collapsed} collapsed of {len(runs)} runs"
+
+
+def _judge_unstable(rule: Unstable, rows: list[dict]) -> Verdict:
+    rows = [r for r in rows if r["policy"] in rule.policies and r["d_k"] >= rule.min_d_k]
+    smooth = _smooth_lrs(rows)
+    numbers = tuple(f"{policy}, d_k={d_k}: smooth at LR "
+                    f"{', '.join(f'{lr:.3g}' for lr in lrs) or 'none'}; "
+                    + _instability_counts([r for r in rows
+                                           if (r["policy"], r["d_k"]) == (policy, d_k)])
+                    for (policy, d_k), lrs in smooth.items())
+    if not smooth:
+        return Verdict("inconclusive", "no runs of these policies", numbers)
+    trains = [g for g, lrs in smooth.items() if lrs]
+    fails = [g for g, lrs in smooth.items() if not lrs]
+    if rule.expect_unstable:
+        if trains:
+            return Verdict("contradicted", "trains smoothly at some LR: "
+                           + "; ".join(f"{p} d_k={d}" for p, d in trains), numbers)
+        return Verdict("supported", "no learning rate trains smoothly", numbers)
+    if fails:
+        return Verdict("contradicted", "no learning rate trains smoothly: "
+                       + "; ".join(f"{p} d_k={d}" for p, d in fails), numbers)
+    return Verdict("supported", "every policy trains smoothly at some learning rate", numbers)
+
+
+def judge(claim: Claim, rows: list[dict]) -> Verdict:
+    if isinstance(claim.rule, Compare):
+        return _judge_compare(claim.rule, rows)
+    return _judge_unstable(claim.rule, rows)
+
+
+def load_claims(spec: str) -> list[Claim]:
+    """The claims the experiment file of `spec` declares (none if it declares none)."""
+    module, arg = experiment.load_module(spec)
+    return list(module.claims(arg)) if hasattr(module, "claims") else []
+
+
+def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str) -> bool:
+    """Write claims.md for the experiment's claims; False (nothing written) when it has none."""
+    try:
+        declared = load_claims(spec)
+    except ValueError:  # the experiment file is not where the sweep ran it from
+        return False
+    if not declared:
+        return False
+    lines = [f"# Claims tested by `{spec}`", "",
+             f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}`",
+             "", "Verdicts are computed by scale_ablation/claims.py from the runs' files.", ""]
+    for i, claim in enumerate(declared, 1):
+        verdict = judge(claim, rows)
+        lines += [f"## {i}. {claim.text}" + (f" ({claim.source})" if claim.source else ""), "",
+                  f"Rule: {claim.rule.describe()}.", "",
+                  f"Verdict: **{verdict.verdict}**: {verdict.reason}.", ""]
+        lines += [f"- {n}" for n in verdict.numbers] + [""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return True
