@@ -76,6 +76,12 @@ def _process_rows(batch_size: int, process_index: int, process_count: int) -> sl
     return slice(process_index * rows, (process_index + 1) * rows)
 
 
+def process_share(batch: Batch, process_index: int, process_count: int) -> Batch:
+    """This process's rows of a global batch: in a multi-host run each process feeds its own."""
+    rows = _process_rows(batch.inputs.shape[0], process_index, process_count)
+    return Batch(batch.inputs[rows], batch.targets[rows], batch.weights[rows])
+
+
 def _train_rng(seed: int, step: int) -> np.random.Generator:
     if seed < 0 or step < 0:
         raise ValueError(f"seed and step must be >= 0, got seed {seed}, step {step}")
@@ -294,9 +300,8 @@ class MQAR:
         process_index: int = 0,
         process_count: int = 1,
     ) -> Batch:
-        rows = _process_rows(batch_size, process_index, process_count)
         batch = self._sequences(_train_rng(self.seed, step), batch_size, seq_len)
-        return Batch(batch.inputs[rows], batch.targets[rows], batch.weights[rows])
+        return process_share(batch, process_index, process_count)
 
     def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
         return [self._sequences(_val_rng(i), batch_size, seq_len) for i in range(num_batches)]

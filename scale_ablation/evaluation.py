@@ -7,6 +7,7 @@ import math
 import jax
 import numpy as np
 
+from scale_ablation import data as data_lib
 from scale_ablation import steps
 from scale_ablation.runs import PreparedRun, to_device_batch
 from scale_ablation.steps import TrainState
@@ -24,7 +25,10 @@ class Evaluator:
         def validation_set(seq_len: int) -> list[dict]:
             batches = run.source.val_batches(config.train.batch_size, seq_len,
                                              config.data.val_batches)
-            return [to_device_batch(b, run.batch_sharding) for b in batches]
+            # Every process builds the whole batch; each feeds only its own rows.
+            share = (jax.process_index(), jax.process_count())
+            return [to_device_batch(data_lib.process_share(b, *share), run.batch_sharding)
+                    for b in batches]
 
         self.val_batches = validation_set(config.data.seq_len)
         # Longer validation sequences, for length generalisation: `val/loss@LEN`.

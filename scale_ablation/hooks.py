@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from scale_ablation import baselines, instability
 from scale_ablation.loop import Member, Periodic, Tick
 
 
@@ -39,6 +40,31 @@ def evaluate(member: Member, tick: Tick) -> None:
 
 def diagnose(member: Member, tick: Tick) -> None:
     tick.row.update(member.evaluator.diagnose(tick.state()))
+
+
+def watch_instability(config: ml_collections.ConfigDict) -> Periodic:
+    """Loss spikes and collapse (`instability`) found on the rows as they are logged: the first
+    step of each goes into summary.json and W&B (`spike_step`, `collapse_step`), and the row
+    where it is found gets `train/spiked` or `val/collapsed`."""
+    base = baselines.baselines(config.to_dict())
+    unigram = (baselines.bits_to_nats(base["unigram_bpb"]) if "unigram_bpb" in base else None)
+    rows: list[dict] = []
+
+    def watch(member: Member, tick: Tick) -> None:
+        if "train/loss" not in tick.row and "val/loss" not in tick.row:
+            return
+        if not rows and member.start_step and member.trackers.files is not None:
+            rows.extend(member.trackers.files.read_metrics())  # a resumed run's history
+        rows.append({"step": tick.step, **{k: tick.row[k] for k in ("train/loss", "val/loss")
+                                           if k in tick.row}})
+        found = instability.instability_steps(rows, warmup_steps=config.train.warmup_steps,
+                                              unigram_loss=unigram)
+        for field, metric in (("spike_step", "train/spiked"), ("collapse_step", "val/collapsed")):
+            if found[field] is not None and member.summary_fields.get(field) is None:
+                member.summary_fields[field] = found[field]
+                tick.row[metric] = 1.0
+
+    return Periodic(1, watch)
 
 
 def write_row(member: Member, tick: Tick) -> None:
@@ -72,6 +98,7 @@ def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] =
         Periodic(t.log_every, log_train_metrics),
         Periodic(t.eval_every or t.steps, evaluate),
         Periodic(t.diag_every, diagnose),
+        watch_instability(config),
         *(hook for hook in extra if not hook.after_step_work),
         Periodic(1, write_row),
         Periodic(t.log_every if progress else 0, print_progress, at_last=False),

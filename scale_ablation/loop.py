@@ -101,6 +101,7 @@ class Member:
         self.start_step = int(run.state["step"])
         self.clock = Clock(self.tokens_per_step, (run.previous or {}).get("wall_seconds") or 0.0)
         self.summary: dict | None = None
+        self.summary_fields: dict = {}  # what hooks found, added to summary.json at the end
         self.trackers: RunTrackers = open_trackers(
             run.workdir, self.config.to_dict(),
             wandb=run_wandb_settings(run),
@@ -164,6 +165,7 @@ class Member:
             "diverged_at_step": None,
             "wall_seconds": self.clock.wall_seconds,
             "tokens_per_second": self.clock.tokens_per_second,
+            **self.summary_fields,
             **extra,
         }
         self._close(summary)

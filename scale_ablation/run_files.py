@@ -24,6 +24,8 @@ SUMMARY_FIELDS = (
     "final_val_loss",
     "final_val_bpb",
     "diverged_at_step",
+    "spike_step",  # first loss spike, `instability.spike_step` (null: none)
+    "collapse_step",  # first collapse to the unigram loss, `instability.collapse_step`
     "wall_seconds",
     "tokens_per_second",
     "wandb_run_id",

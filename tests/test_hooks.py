@@ -2,11 +2,12 @@
 hook that stops a run at a chosen step."""
 
 import pathlib
+from types import SimpleNamespace
 
 import pytest
 from helpers import read_json
 
-from scale_ablation import experiment, hooks, train
+from scale_ablation import baselines, experiment, hooks, train
 from scale_ablation.run_files import RunFiles
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -33,6 +34,7 @@ def test_a_new_periodic_hook_is_one_function_and_one_line(tmp_path):
     summary = train.train(tiny_config(), tmp_path / "run",
                           extra_hooks=[hooks.Periodic(3, count_tokens)])  # the line
     assert summary["status"] == "completed"
+    assert summary["spike_step"] is None and summary["collapse_step"] is None  # a calm run
     assert calls == [3, 6, 9, 10]  # every 3 steps, and the last
     rows = {row["step"]: row for row in RunFiles(tmp_path / "run").read_metrics()}
     for step in calls:  # logged in that step's row, counted independently here
@@ -66,3 +68,21 @@ def test_signal_at_stops_a_run_at_the_chosen_step(tmp_path):
 def test_signal_at_rejects_a_bad_spec(spec):
     with pytest.raises(ValueError, match=hooks.SIGNAL_AT_ENV):
         hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: spec})
+
+
+def test_instability_is_watched_as_rows_are_logged():
+    config = tiny_config(**{"train.warmup_steps": 2})
+    watch = hooks.watch_instability(config)
+    unigram_nats = baselines.bits_to_nats(baselines.baselines(config.to_dict())["unigram_bpb"])
+    member = SimpleNamespace(summary_fields={}, start_step=0, trackers=SimpleNamespace(files=None))
+    logged = {  # step: row; a spike at 6 (3.0 > 1.5 x the best 1.9), a collapse at 8
+        2: {"train/loss": 2.5}, 4: {"train/loss": 1.9, "val/loss": 2.0}, 6: {"train/loss": 3.0},
+        8: {"train/loss": 2.0, "val/loss": unigram_nats + 0.1}, 10: {"train/loss": 4.0},
+    }
+    for step, row in logged.items():
+        tick = hooks.Tick(step=step, last=step == 10, metrics={}, step_seconds=0.0, state=dict,
+                          row=dict(row))
+        watch.action(member, tick)
+        assert tick.row.get("train/spiked") == (1.0 if step == 6 else None)
+        assert tick.row.get("val/collapsed") == (1.0 if step == 8 else None)
+    assert member.summary_fields == {"spike_step": 6, "collapse_step": 8}
