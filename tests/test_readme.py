@@ -124,3 +124,17 @@ def test_the_readme_entry_point_group_is_the_one_policies_reads():
     section = README.read_text().split(SWEEP_SECTION, 1)[1]
     toml = tomllib.loads(re.search(r"```toml\n(.*?)```", section, re.DOTALL).group(1))
     assert list(toml["project"]["entry-points"]) == [policies.ENTRY_POINT_GROUP]
+
+
+def test_the_results_quote_the_committed_claims_files_verbatim():
+    """No verdict in the README is typed by hand: each quoted block is a report's claims.md."""
+    blocks = re.findall(r"<!-- claims: (\S+) -->\n(.*?)<!-- end claims -->", README.read_text(),
+                        re.DOTALL)
+    assert blocks
+    for path, quoted in blocks:
+        lines = [line.removeprefix(">").removeprefix(" ") for line in quoted.splitlines()]
+        committed = (README.parent / path).read_text().strip().splitlines()
+        assert lines == committed, path
+    verdicts = re.findall(r"Verdict: \*\*(\w+)\*\*", README.read_text())
+    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict: \*\*(\w+)\*\*", q)]
+    assert verdicts == quoted_verdicts  # none outside the quoted files
