@@ -24,6 +24,9 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 # Fields that define what is trained on what: a resumed or skipped run must not change them.
 IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
                    "train.dtype")
+# Fields that define the learning-rate schedule and the run's length: a resumed or finished run
+# keeps them unless the user asks to extend it (`--extend`), or the schedule changes mid-run.
+SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
 
 
 class ConfigError(ValueError):
@@ -151,13 +154,15 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
 
 
-def changed_identity_fields(old: dict, new: dict) -> list[str]:
-    """Dotted names of the identity fields that differ between two config dicts."""
+def changed_identity_fields(old: dict, new: dict,
+                            fields: tuple[str, ...] = IDENTITY_FIELDS) -> list[str]:
+    """Dotted names of `fields` (default: the identity fields) that differ between two config
+    dicts."""
     old_flat, new_flat = _flatten(old), _flatten(new)
     keys = sorted(set(old_flat) | set(new_flat))
     return [
         key for key in keys
-        if any(key == f or key.startswith(f + ".") for f in IDENTITY_FIELDS)
+        if any(key == f or key.startswith(f + ".") for f in fields)
         and _normalise(old_flat.get(key)) != _normalise(new_flat.get(key))
     ]
 
