@@ -128,6 +128,10 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
         raise ConfigError(str(error)) from None
     mode = config.get("wandb", {}).get("mode", "auto")
     _choice("wandb.mode", mode, WANDB_MODES)
+    timeout = config.get("wandb", {}).get("init_timeout", 30.0)
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"wandb.init_timeout must be a positive number of seconds, "
+                          f"got {timeout!r}")
     return model
 
 

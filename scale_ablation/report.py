@@ -21,7 +21,8 @@ from absl import app
 from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
 
 from scale_ablation import plugins
-from scale_ablation.run_files import RunFiles
+from scale_ablation.jsonfiles import read_json
+from scale_ablation.run_files import FINISHED, RunFiles
 from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
 
 
@@ -269,6 +270,7 @@ def write_report(sweep_dir: str) -> str:
         writer.writeheader()
         writer.writerows(rows)
     write_markdown(rows, os.path.join(out, "summary.md"))
+    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete_runs(sweep_dir))
     plot_curves(runs, rows, lambda r: r.get("val/loss"), "validation loss (nats/byte)",
                 os.path.join(out, "val_loss_curves.png"))
     plot_curves(runs, rows, lambda r: _layer_mean(r, "entropy_normalised"),
@@ -277,6 +279,43 @@ def write_report(sweep_dir: str) -> str:
     plot_learned_scale(rows, os.path.join(out, "learned_scale_vs_dk.png"))
     _log_to_wandb(sweep_dir, runs, header, rows)
     return out
+
+
+def _run_names(sweep_dir: str) -> list[str]:
+    """The run names: sweep.json's grid (runs never started included), else the directories
+    with a config.json."""
+    grid = read_json(os.path.join(sweep_dir, "sweep.json"))
+    if grid is not None:
+        return [r["name"] for r in grid["runs"]]
+    return [name for name in sorted(os.listdir(sweep_dir))
+            if os.path.exists(os.path.join(sweep_dir, name, "config.json"))]
+
+
+def incomplete_runs(sweep_dir: str) -> list[tuple[str, str]]:
+    """(name, status) of the sweep's runs without a result: failed, interrupted, preempted, or
+    missing (in sweep.json's grid, never started). Without sweep.json, of the run directories."""
+    out = []
+    for name in _run_names(sweep_dir):
+        files = RunFiles(os.path.join(sweep_dir, name))
+        summary = files.read_summary()
+        status = (summary or {}).get("status") or (
+            "interrupted" if files.config_path.exists() else "missing")
+        if status not in FINISHED:
+            out.append((name, status))
+    return out
+
+
+def write_incomplete_notice(path: str, incomplete: list[tuple[str, str]]) -> None:
+    """Put the runs without a result at the top of the markdown report: the tables below
+    leave them out, and a reader must not take the tables for the whole grid."""
+    if not incomplete:
+        return
+    with open(path, encoding="utf-8") as f:
+        body = f.read()
+    lines = [f"**{len(incomplete)} run(s) without a result, left out of the tables below:**", ""]
+    lines += [f"- {name}: {status}" for name, status in incomplete]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n\n" + body)
 
 
 def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: list[dict]) -> None:
