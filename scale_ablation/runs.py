@@ -146,8 +146,18 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
     try:
         if os.path.isfile(os.path.join(workdir, "config.json")):
             check_same_run(workdir, config)
+            saved = _checkpoint_steps(workdir)
+            if saved:
+                check_same_schedule(workdir, config, max(saved), extend=extend)
     except ValueError as error:  # a damaged config.json
         raise ConfigError(str(error)) from None
+
+
+def _checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """The steps of `workdir/checkpoints/<step>/`, read from the names alone (no orbax)."""
+    directory = os.path.join(workdir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return [int(name) for name in names if name.isdigit()]
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
@@ -167,9 +177,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
         graphdef, state = init_state(config)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
         checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep)
-        latest = checkpoints.latest_step()
-        if latest is not None:
-            check_same_schedule(workdir, config, latest, extend=extend)
         resume_step, state = checkpoints.restore_newest_intact(state)
         if resume_step is not None:
             # The learning rate lives in the state (traced); a resumed run uses the config's,
