@@ -172,8 +172,16 @@ class Checkpoints:
             damaged.append((step, reason))
         if not damaged:
             return None, like
-        step, reason = damaged[0]
-        raise CheckpointError(
+        raise self._none_intact(*damaged[0])
+
+    def check_some_intact(self, steps: list[int]) -> None:
+        """Raise CheckpointError unless one of `steps` passes its digest (reads only)."""
+        reasons = [(step, self.damage(step)) for step in sorted(steps, reverse=True)]
+        if reasons and all(reason is not None for _, reason in reasons):
+            raise self._none_intact(*reasons[0])
+
+    def _none_intact(self, step: int, reason: str) -> CheckpointError:
+        return CheckpointError(
             f"no intact checkpoint in {self.directory} (newest, step {step}: {reason}); move "
             f"{self.directory} aside to restart from step 0, or use a new --workdir")
 

@@ -281,24 +281,25 @@ def write_report(sweep_dir: str) -> str:
     return out
 
 
-def _run_names(sweep_dir: str) -> list[str]:
-    """The run names: sweep.json's grid (runs never started included), else the directories
-    with a config.json."""
+def _grid_statuses(sweep_dir: str) -> dict[str, str | None]:
+    """Run name -> the status sweep.json recorded (runs never started included), else the
+    directories with a config.json (status unknown: None)."""
     grid = read_json(os.path.join(sweep_dir, "sweep.json"))
     if grid is not None:
-        return [r["name"] for r in grid["runs"]]
-    return [name for name in sorted(os.listdir(sweep_dir))
-            if os.path.exists(os.path.join(sweep_dir, name, "config.json"))]
+        return {r["name"]: r.get("status") for r in grid["runs"]}
+    return {name: None for name in sorted(os.listdir(sweep_dir))
+            if os.path.exists(os.path.join(sweep_dir, name, "config.json"))}
 
 
 def incomplete_runs(sweep_dir: str) -> list[tuple[str, str]]:
-    """(name, status) of the sweep's runs without a result: failed, interrupted, preempted, or
-    missing (in sweep.json's grid, never started). Without sweep.json, of the run directories."""
+    """(name, status) of the sweep's runs without a result: failed (refused ones included),
+    interrupted, preempted, or missing (in the grid, never started)."""
     out = []
-    for name in _run_names(sweep_dir):
+    for name, recorded in _grid_statuses(sweep_dir).items():
         files = RunFiles(os.path.join(sweep_dir, name))
         summary = files.read_summary()
         status = (summary or {}).get("status") or (
+            recorded if recorded not in (None, "pending") else
             "interrupted" if files.config_path.exists() else "missing")
         if status not in FINISHED:
             out.append((name, status))

@@ -149,7 +149,8 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
             saved = _checkpoint_steps(workdir)
             if saved:
                 check_same_schedule(workdir, config, max(saved), extend=extend)
-    except ValueError as error:  # a damaged config.json
+        Checkpoints(workdir).check_some_intact(_checkpoint_steps(workdir))
+    except ValueError as error:  # a damaged config.json or no intact checkpoint
         raise ConfigError(str(error)) from None
 
 

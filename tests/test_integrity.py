@@ -243,8 +243,7 @@ def truncate(path: pathlib.Path) -> None:
 
 
 def remove_metadata(step_dir: pathlib.Path) -> None:
-    (metadata,) = [p for p in step_dir.rglob("*metadata*") if p.is_file()][:1]
-    metadata.unlink()
+    (step_dir / "default" / "_METADATA").unlink()  # orbax's description of the saved tree
 
 
 DAMAGE = {
