@@ -91,8 +91,15 @@ class ModelConfig:
             raise ConfigError(f"{len(self.layer_policies)} layer policies for "
                               f"model.num_layers={self.num_layers}")
         for spec in self.layer_policies:
-            policies.get(spec)  # ValueError naming the policy
-            policies.get(spec).base_scale(self.head_dim)  # e.g. 1/ln(d_k) at d_k = 1
+            policy = policies.get(spec)  # ValueError naming the policy
+            try:
+                scale = policy.base_scale(self.head_dim)
+            except (ArithmeticError, ValueError) as error:  # e.g. 1/ln(d_k) at d_k = 1
+                raise ConfigError(f"policy {spec!r} has no scale at model.head_dim="
+                                  f"{self.head_dim}: {error}") from None
+            if scale is not None and not math.isfinite(float(scale)):
+                raise ConfigError(f"policy {spec!r} gives scale {scale} at model.head_dim="
+                                  f"{self.head_dim}")
 
     @property
     def compute_dtype(self) -> Any:
