@@ -145,13 +145,23 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
     read_summary(workdir)
     try:
         if os.path.isfile(os.path.join(workdir, "config.json")):
-            check_same_run(workdir, config)
+            _check_same_run_data_first(workdir, config)
             saved = _checkpoint_steps(workdir)
             if saved:
                 check_same_schedule(workdir, config, max(saved), extend=extend)
         Checkpoints(workdir).check_some_intact(_checkpoint_steps(workdir))
     except ValueError as error:  # a damaged config.json or no intact checkpoint
         raise ConfigError(str(error)) from None
+
+
+def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """check_same_run; a changed data source that cannot be opened at all is named as that
+    (the more useful line), which costs opening it only on this refusal path."""
+    try:
+        check_same_run(workdir, config)
+    except ConfigError:
+        data_lib.make_source(config.data, seed=config.train.seed)  # ValueError naming it
+        raise
 
 
 def _checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
