@@ -176,9 +176,14 @@ class Checkpoints:
 
     def check_some_intact(self, steps: list[int]) -> None:
         """Raise CheckpointError unless one of `steps` passes its digest (reads only)."""
-        reasons = [(step, self.damage(step)) for step in sorted(steps, reverse=True)]
-        if reasons and all(reason is not None for _, reason in reasons):
-            raise self._none_intact(*reasons[0])
+        newest_damage = None
+        for step in sorted(steps, reverse=True):
+            reason = self.damage(step)
+            if reason is None:
+                return
+            newest_damage = newest_damage or (step, reason)
+        if newest_damage is not None:
+            raise self._none_intact(*newest_damage)
 
     def _none_intact(self, step: int, reason: str) -> CheckpointError:
         return CheckpointError(

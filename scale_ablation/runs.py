@@ -146,10 +146,10 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
     try:
         if os.path.isfile(os.path.join(workdir, "config.json")):
             _check_same_run_data_first(workdir, config)
-            saved = _checkpoint_steps(workdir)
+            saved = checkpoint_steps(workdir)
             if saved:
                 check_same_schedule(workdir, config, max(saved), extend=extend)
-        Checkpoints(workdir).check_some_intact(_checkpoint_steps(workdir))
+        Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir))
     except ValueError as error:  # a damaged config.json or no intact checkpoint
         raise ConfigError(str(error)) from None
 
@@ -164,7 +164,7 @@ def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict) 
         raise
 
 
-def _checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
     """The steps of `workdir/checkpoints/<step>/`, read from the names alone (no orbax)."""
     directory = os.path.join(workdir, "checkpoints")
     names = os.listdir(directory) if os.path.isdir(directory) else []

@@ -106,14 +106,20 @@ def run_status(sweep_dir: str, point: Point) -> str:
 
 def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str, str],
                         extend: bool = False) -> None:
-    """Raise ConfigError if a finished run was made with other identity fields than its point
-    has now (the experiment file changed): skipping it would report a stale result. Another
-    schedule is refused too unless `extend`, which marks the run "extend" in `statuses`."""
+    """Raise ConfigError if a started run was made with other identity fields than its point
+    has now (the experiment file changed): skipping it would report a stale result, resuming it
+    would mix two configs. Another schedule is refused too unless `extend`, which marks a
+    finished run "extend" in `statuses`."""
     for point in points:
+        workdir = os.path.join(sweep_dir, point.name)
         if statuses[point.name] in FINISHED:
-            workdir = os.path.join(sweep_dir, point.name)
             if runs.finished_summary(point.config, workdir, extend=extend) is None:
                 statuses[point.name] = "extend"
+        elif os.path.isfile(os.path.join(workdir, "config.json")):
+            runs.check_same_run(workdir, point.config)
+            saved = runs.checkpoint_steps(workdir)
+            if saved:
+                runs.check_same_schedule(workdir, point.config, max(saved), extend=extend)
 
 
 def final_statuses(sweep_dir: str, points: list[Point],

@@ -25,7 +25,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
     (`hooks.default_hooks`). `extend`: a run trained with other `config.SCHEDULE_FIELDS`
     (steps, warmup, lr) continues with these instead of being refused.
     """
-    runs.check_before_start(config, workdir, extend=extend)
     finished = runs.finished_summary(config, workdir, extend=extend)
     if finished is not None:
         return finished
