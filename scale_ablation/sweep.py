@@ -24,6 +24,7 @@ continue), 4 some run failed or is missing (listed at the top of report/summary.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 import subprocess
@@ -215,9 +216,15 @@ def _train_alone(sweep_dir: str, point: Point, extra_hooks: Sequence[hooks.Perio
     except ConfigError as error:
         print(f"[sweep] {point.name}: error: {error}", flush=True)
     except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
-        logging.exception("run %s failed", point.name)
+        _log_failure(error, f"run {point.name}")
         print(f"[sweep] {point.name}: failed: {type(error).__name__}: {error}", flush=True)
     return "failed"
+
+
+def _log_failure(error: Exception, what: str) -> None:
+    """The traceback of a crashed run, except for a full disk: the one line printed says it."""
+    if not (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+        logging.exception("%s failed", what)
 
 
 def _train_together(sweep_dir: str, points: list[Point], extra_hooks: Sequence[hooks.Periodic],
@@ -233,7 +240,7 @@ def _train_together(sweep_dir: str, points: list[Point], extra_hooks: Sequence[h
         print(f"[sweep] ensemble not started ({error}): its runs train one by one", flush=True)
         return [_train_alone(sweep_dir, point, extra_hooks, extend) for point in points]
     except Exception as error:  # members without a result are recorded failed; the sweep goes on
-        logging.exception("ensemble %s failed", names)
+        _log_failure(error, f"ensemble {names}")
         print(f"[sweep] ensemble failed: {type(error).__name__}: {error}", flush=True)
         statuses = [run_status(sweep_dir, point) for point in points]
         return [s if s in FINISHED else "failed" for s in statuses]
