@@ -90,7 +90,8 @@ def check_same_schedule(workdir: str | os.PathLike, config: ml_collections.Confi
     if not changed:
         return
     if not extend:
-        was = ", ".join(f"{field}={_lookup(old, field)}" for field in changed)
+        was = ", ".join(f"{field}={_lookup(old, field)} (now {_lookup(config.to_dict(), field)})"
+                        for field in changed)
         raise ConfigError(f"workdir {os.fspath(workdir)} holds a run trained to step "
                           f"{trained_to} with {was}: pass --extend to continue it with the new "
                           "settings, or use a new --workdir")
