@@ -79,6 +79,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     wandb.group = ""
     wandb.job_type = "train"
     wandb.tags = ()
+    wandb.init_timeout = 30.0  # seconds; an unanswered init turns the process's runs offline
 
     if arg == "quick":
         model.d_model, model.num_layers, model.num_heads, model.head_dim = 64, 2, 2, 32

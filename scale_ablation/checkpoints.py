@@ -1,7 +1,16 @@
-"""Orbax checkpoints of the whole train state: save periodically, restore the latest."""
+"""Orbax checkpoints of the whole train state: save periodically, restore the newest intact one.
+
+Every saved step gets `DIGEST_NAME`, the SHA-256 of each of its files, written after orbax has
+finished the step. Orbax/TensorStore offer no such check over a whole step (zarr3's crc32c
+covers only a shard's index, not the array data or orbax's metadata files), so a flipped bit in
+the data would otherwise be restored silently. A step that fails its digest, or cannot be read,
+is moved aside (`damaged_checkpoints/`) with a one-line warning and the next older step is used.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import sys
@@ -11,9 +20,30 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from scale_ablation import jsonfiles
+
+DIGEST_NAME = "sha256sums.json"
+
 
 class CheckpointError(ValueError):
     """A checkpoint that exists but cannot be read back."""
+
+
+def file_digests(directory: str) -> dict[str, str]:
+    """SHA-256 of every file under `directory` but the digest file, by relative path."""
+    digests = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, directory)
+            if relative == DIGEST_NAME:
+                continue
+            sha = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    sha.update(block)
+            digests[relative] = sha.hexdigest()
+    return digests
 
 
 def _drop_closed_loop_callbacks(unraisable) -> None:
@@ -79,9 +109,11 @@ class Checkpoints:
             return self._open().restore(step, args=ocp.args.StandardRestore(abstract))
         except Exception as error:  # orbax raises many types for a damaged or foreign checkpoint
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if len(first_line) > 200:  # cut at a word, and say so
+                first_line = first_line[:200].rsplit(" ", 1)[0] + " ..."
             raise CheckpointError(
                 f"cannot read checkpoint {self.directory}/{step}: {type(error).__name__}: "
-                f"{first_line[:200]}"
+                f"{first_line}"
             ) from error
 
     def save(self, step: int, state: Any) -> None:
@@ -90,6 +122,88 @@ class Checkpoints:
             return
         manager.save(step, args=ocp.args.StandardSave(state))
         manager.wait_until_finished()
+        self._write_digest(step)
+
+    def step_directory(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _write_digest(self, step: int) -> None:
+        if jax.process_index() != 0:
+            return
+        directory = self.step_directory(step)
+        jsonfiles.write_json_atomic(os.path.join(directory, DIGEST_NAME), file_digests(directory))
+
+    def damage(self, step: int) -> str | None:
+        """Why the saved `step` does not match its digest, or None if it does. A step saved
+        without a digest (killed between orbax's save and the digest) is left to the restore."""
+        directory = self.step_directory(step)
+        try:
+            with open(os.path.join(directory, DIGEST_NAME), encoding="utf-8") as f:
+                recorded = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as error:
+            return f"unreadable {DIGEST_NAME}: {error}"
+        actual = file_digests(directory)
+        for name, digest in sorted(recorded.items()):
+            if name not in actual:
+                return f"{name} is missing"
+            if actual[name] != digest:
+                return f"{name} does not match its recorded SHA-256"
+        return None
+
+    def restore_newest_intact(self, like: Any) -> tuple[int | None, Any]:
+        """(step, state) of the newest step that passes its digest and restores; (None, like)
+        when there is no checkpoint. Damaged newer steps are moved aside, each with one
+        warning line. Raises CheckpointError, having moved nothing, when no step is intact."""
+        steps = sorted(self._open().all_steps(), reverse=True) if os.path.isdir(
+            self.directory) else []
+        damaged: list[tuple[int, str]] = []
+        for step in steps:
+            reason = self.damage(step)
+            if reason is None:
+                try:
+                    state = self.restore(step, like)
+                except CheckpointError as error:
+                    reason = str(error)
+                else:
+                    self._move_aside(damaged, step)
+                    return step, state
+            damaged.append((step, reason))
+        if not damaged:
+            return None, like
+        raise self._none_intact(*damaged[0])
+
+    def check_some_intact(self, steps: list[int]) -> None:
+        """Raise CheckpointError unless one of `steps` passes its digest (reads only)."""
+        newest_damage = None
+        for step in sorted(steps, reverse=True):
+            reason = self.damage(step)
+            if reason is None:
+                return
+            newest_damage = newest_damage or (step, reason)
+        if newest_damage is not None:
+            raise self._none_intact(*newest_damage)
+
+    def _none_intact(self, step: int, reason: str) -> CheckpointError:
+        return CheckpointError(
+            f"no intact checkpoint in {self.directory} (newest, step {step}: {reason}); move "
+            f"{self.directory} aside to restart from step 0, or use a new --workdir")
+
+    def _move_aside(self, damaged: list[tuple[int, str]], intact: int) -> None:
+        if not damaged:
+            return
+        aside = os.path.join(os.path.dirname(self.directory), "damaged_checkpoints")
+        os.makedirs(aside, exist_ok=True)
+        for step, reason in damaged:
+            target = os.path.join(aside, str(step))
+            suffix = 1
+            while os.path.exists(target):
+                target, suffix = os.path.join(aside, f"{step}.{suffix}"), suffix + 1
+            os.replace(self.step_directory(step), target)
+            print(f"warning: checkpoint step {step} is damaged ({reason}); moved to {target}, "
+                  f"resuming from step {intact}", file=sys.stderr, flush=True)
+        self.close()  # the manager caches the step list
 
     def close(self) -> None:
         if self._manager is not None:

@@ -25,6 +25,9 @@ INITS = ("fan_in", "xavier", "gpt2")  # model.init: see attention.kernel_init
 # Fields that define what is trained on what: a resumed or skipped run must not change them.
 IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
                    "train.dtype")
+# Fields that define the learning-rate schedule and the run's length: a resumed or finished run
+# keeps them unless the user asks to extend it (`--extend`), or the schedule changes mid-run.
+SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
 
 
 class ConfigError(ValueError):
@@ -89,8 +92,15 @@ class ModelConfig:
             raise ConfigError(f"{len(self.layer_policies)} layer policies for "
                               f"model.num_layers={self.num_layers}")
         for spec in self.layer_policies:
-            policies.get(spec)  # ValueError naming the policy
-            policies.get(spec).base_scale(self.head_dim)  # e.g. 1/ln(d_k) at d_k = 1
+            policy = policies.get(spec)  # ValueError naming the policy
+            try:
+                scale = policy.base_scale(self.head_dim)
+            except (ArithmeticError, ValueError) as error:  # e.g. 1/ln(d_k) at d_k = 1
+                raise ConfigError(f"policy {spec!r} has no scale at model.head_dim="
+                                  f"{self.head_dim}: {error}") from None
+            if scale is not None and not math.isfinite(float(scale)):
+                raise ConfigError(f"policy {spec!r} gives scale {scale} at model.head_dim="
+                                  f"{self.head_dim}")
 
     @property
     def compute_dtype(self) -> Any:
@@ -126,6 +136,10 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
         raise ConfigError(str(error)) from None
     mode = config.get("wandb", {}).get("mode", "auto")
     _choice("wandb.mode", mode, WANDB_MODES)
+    timeout = config.get("wandb", {}).get("init_timeout", 30.0)
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"wandb.init_timeout must be a positive number of seconds, "
+                          f"got {timeout!r}")
     return model
 
 
@@ -152,13 +166,15 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
 
 
-def changed_identity_fields(old: dict, new: dict) -> list[str]:
-    """Dotted names of the identity fields that differ between two config dicts."""
+def changed_identity_fields(old: dict, new: dict,
+                            fields: tuple[str, ...] = IDENTITY_FIELDS) -> list[str]:
+    """Dotted names of `fields` (default: the identity fields) that differ between two config
+    dicts."""
     old_flat, new_flat = _flatten(old), _flatten(new)
     keys = sorted(set(old_flat) | set(new_flat))
     return [
         key for key in keys
-        if any(key == f or key.startswith(f + ".") for f in IDENTITY_FIELDS)
+        if any(key == f or key.startswith(f + ".") for f in fields)
         and _normalise(old_flat.get(key)) != _normalise(new_flat.get(key))
     ]
 

@@ -62,8 +62,22 @@ def write_json_atomic(path: str | os.PathLike, value: Any, *, sort_keys: bool = 
 
 
 def read_json(path: str | os.PathLike) -> Any:
-    """The file's JSON value, or None if there is no file."""
+    """The file's JSON value, or None if there is no file; ValueError naming the file if it
+    is not JSON."""
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{os.fspath(path)} is damaged (not JSON: {error}); move it aside "
+                         "or repair it") from None
+
+
+def remove_leftover_temporaries(directory: str | os.PathLike) -> None:
+    """Delete `.NAME.tmpPID` files that `write_text_atomic` left behind in a process that died
+    (a kill, a full disk) before its rename. Call with the directory's lock held."""
+    directory = Path(directory)
+    for pattern in (".*.tmp[0-9]*", "*/.*.tmp[0-9]*"):
+        for path in directory.glob(pattern):
+            if path.name.rpartition(".tmp")[2].isdigit() and path.is_file():
+                path.unlink(missing_ok=True)

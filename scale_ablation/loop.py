@@ -214,7 +214,9 @@ def run_members(members: Sequence[Member]) -> None:
     except Exception as error:
         for member in members:
             if member.summary is None:
-                member.fail(error)
+                # On a full disk the summary may not be writable either: record it where it is.
+                with contextlib.suppress(OSError):
+                    member.fail(error)
         raise
 
 

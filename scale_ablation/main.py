@@ -2,12 +2,16 @@ r"""Train one run: `python -m scale_ablation.main --config=experiments/base.py -
 
 Override any field with `--config.FIELD=VALUE` (e.g. `--config.policy=none`); a policy of your
 own is one `--imports=my_policy.py` away (`scale_ablation.plugins`). Rerunning the
-same command on the same workdir resumes from the latest checkpoint. Exit codes: 0 completed or
-diverged (both are results), 1 failed, 2 bad input, 3 preempted (resume by rerunning).
+same command on the same workdir resumes from the latest intact checkpoint. A run already
+trained with other steps, warmup or lr (`config.SCHEDULE_FIELDS`) is refused unless `--extend`
+asks to continue it with the new ones. One process at a time trains a workdir (a lock). Exit
+codes: 0 completed or diverged (both are results), 1 failed (a full disk included), 2 bad input
+(a workdir in use included), 3 preempted (resume by rerunning).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -15,7 +19,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scale_ablation import checkpoints, experiment, hooks, plugins, runtime
+from scale_ablation import checkpoints, experiment, hooks, plugins, runs, runtime
 from scale_ablation.checkpoints import CheckpointError
 from scale_ablation.config import ConfigError
 from scale_ablation.train import train
@@ -28,6 +32,9 @@ _DISTRIBUTED = flags.DEFINE_enum(
     "Call jax.distributed.initialize(): auto = when launched under Slurm with several tasks or "
     "on a multi-host TPU slice, or when --coordinator_address is given.",
 )
+_EXTEND = flags.DEFINE_bool(
+    "extend", False, "Continue a run (finished or not) trained with other train.steps, "
+    "train.warmup_steps or train.lr from its last checkpoint with the new values.")
 _IMPORTS = plugins.imports_flag()
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _COORDINATOR = flags.DEFINE_string(
@@ -79,10 +86,23 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     runtime.maybe_initialize(_DISTRIBUTED.value, cluster)
+    try:
+        # Before the compile cache (a directory beside the workdir) is set up.
+        runs.check_before_start(config, _WORKDIR.value, extend=_EXTEND.value)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if config.train.get("compilation_cache", True):
         runtime.enable_compilation_cache(_WORKDIR.value)
     try:
-        summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks)
+        summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks, extend=_EXTEND.value)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        # The run recorded itself failed where the disk let it (loop.run_members).
+        print(f"error: no space left on device ({error.filename or _WORKDIR.value}): free "
+              "space and rerun to resume", file=sys.stderr, flush=True)
+        return 1
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         if isinstance(error.__cause__, CheckpointError):

@@ -23,7 +23,8 @@ from scale_ablation import baselines, claims, instability, plugins, report_plots
 from scale_ablation import comparisons as cmp
 from scale_ablation import run_metrics as rm
 from scale_ablation.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
-from scale_ablation.run_files import RunFiles
+from scale_ablation.jsonfiles import read_json
+from scale_ablation.run_files import FINISHED, RunFiles
 from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
 
 
@@ -128,12 +129,51 @@ def write_report(sweep_dir: str, reference: str | None = None) -> str:
         writer.writeheader()
         writer.writerows(rows)
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
+    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete_runs(sweep_dir))
     report_plots.write_plots(runs, rows, out)
     spec = _experiment_spec(sweep_dir)
     if spec is not None:
         claims.write_claims(spec, sweep_dir, rows, os.path.join(out, "claims.md"))
     _log_to_wandb(sweep_dir, runs, header, rows)
     return out
+
+
+def _grid_statuses(sweep_dir: str) -> dict[str, str | None]:
+    """Run name -> the status sweep.json recorded (runs never started included), else the
+    directories with a config.json (status unknown: None)."""
+    grid = read_json(os.path.join(sweep_dir, "sweep.json"))
+    if grid is not None:
+        return {r["name"]: r.get("status") for r in grid["runs"]}
+    return {name: None for name in sorted(os.listdir(sweep_dir))
+            if os.path.exists(os.path.join(sweep_dir, name, "config.json"))}
+
+
+def incomplete_runs(sweep_dir: str) -> list[tuple[str, str]]:
+    """(name, status) of the sweep's runs without a result: failed (refused ones included),
+    interrupted, preempted, or missing (in the grid, never started)."""
+    out = []
+    for name, recorded in _grid_statuses(sweep_dir).items():
+        files = RunFiles(os.path.join(sweep_dir, name))
+        summary = files.read_summary()
+        status = (summary or {}).get("status") or (
+            recorded if recorded not in (None, "pending") else
+            "interrupted" if files.config_path.exists() else "missing")
+        if status not in FINISHED:
+            out.append((name, status))
+    return out
+
+
+def write_incomplete_notice(path: str, incomplete: list[tuple[str, str]]) -> None:
+    """Put the runs without a result at the top of the markdown report: the tables below
+    leave them out, and a reader must not take the tables for the whole grid."""
+    if not incomplete:
+        return
+    with open(path, encoding="utf-8") as f:
+        body = f.read()
+    lines = [f"**{len(incomplete)} run(s) without a result, left out of the tables below:**", ""]
+    lines += [f"- {name}: {status}" for name, status in incomplete]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n\n" + body)
 
 
 def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: list[dict]) -> None:

@@ -20,7 +20,13 @@ from jax.sharding import NamedSharding
 from scale_ablation import data as data_lib
 from scale_ablation import sharding
 from scale_ablation.checkpoints import CheckpointError, Checkpoints
-from scale_ablation.config import ConfigError, ModelConfig, changed_identity_fields, validate
+from scale_ablation.config import (
+    SCHEDULE_FIELDS,
+    ConfigError,
+    ModelConfig,
+    changed_identity_fields,
+    validate,
+)
 from scale_ablation.model import build_model
 from scale_ablation.optim import OptimizerSettings, make_optimizer
 from scale_ablation.run_files import FINISHED, RunFiles
@@ -74,34 +80,117 @@ def check_same_run(workdir: str | os.PathLike, config: ml_collections.ConfigDict
                           f"{', '.join(changed)} differ; use a new --workdir")
 
 
-def finished_summary(config: ml_collections.ConfigDict,
-                     workdir: str | os.PathLike) -> dict | None:
-    """summary.json of a finished run in `workdir` (checked to be this config's), else None."""
-    summary = RunFiles(workdir).read_summary() if os.path.isdir(workdir) else None
+def check_same_schedule(workdir: str | os.PathLike, config: ml_collections.ConfigDict,
+                        trained_to: int, *, extend: bool) -> None:
+    """Raise ConfigError if the run in `workdir`, trained to step `trained_to`, had another
+    schedule (`SCHEDULE_FIELDS`) and `extend` is off, or if an extension would end before
+    `trained_to`."""
+    old = RunFiles(workdir).read_config() or {}
+    changed = changed_identity_fields(old, config.to_dict(), SCHEDULE_FIELDS)
+    if not changed:
+        return
+    if not extend:
+        was = ", ".join(f"{field}={_lookup(old, field)} (now {_lookup(config.to_dict(), field)})"
+                        for field in changed)
+        raise ConfigError(f"workdir {os.fspath(workdir)} holds a run trained to step "
+                          f"{trained_to} with {was}: pass --extend to continue it with the new "
+                          "settings, or use a new --workdir")
+    if config.train.steps < trained_to:
+        raise ConfigError(f"--extend: train.steps={config.train.steps} is before step "
+                          f"{trained_to}, which the run in {os.fspath(workdir)} has reached")
+
+
+def _lookup(tree: dict, dotted: str) -> Any:
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def finished_summary(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+                     extend: bool = False) -> dict | None:
+    """summary.json of a finished run in `workdir` (checked to be this config's), else None.
+
+    A finished run with another schedule is refused (ConfigError) unless `extend`, in which
+    case it is no longer finished: None, and it trains on from its last checkpoint.
+    """
+    check_workdir(workdir)
+    summary = read_summary(workdir)
     if summary and summary.get("status") in FINISHED:
         check_same_run(workdir, config)
-        return summary
+        check_same_schedule(workdir, config, summary.get("steps_completed") or 0, extend=extend)
+        if not changed_identity_fields(RunFiles(workdir).read_config() or {}, config.to_dict(),
+                                       SCHEDULE_FIELDS):
+            return summary
     return None
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> PreparedRun:
-    """The unfinished run in `workdir` ready to train (restored from its latest checkpoint).
+def check_workdir(workdir: str | os.PathLike) -> None:
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"--workdir {os.fspath(workdir)} is a file, not a directory")
 
-    Raises ConfigError, before any file in `workdir` is touched, for bad config or workdir.
+
+def read_summary(workdir: str | os.PathLike) -> dict | None:
+    """The run's summary.json, None if none; ConfigError naming the file if it is damaged."""
+    try:
+        return RunFiles(workdir).read_summary() if os.path.isdir(workdir) else None
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+                       extend: bool = False) -> None:
+    """Every refusal that needs no JAX computation: the config, the workdir, the identity of a
+    run already there (config.json, checkpoint or not). Writes nothing, compiles nothing."""
+    validate(config)
+    check_workdir(workdir)
+    read_summary(workdir)
+    try:
+        if os.path.isfile(os.path.join(workdir, "config.json")):
+            _check_same_run_data_first(workdir, config)
+            saved = checkpoint_steps(workdir)
+            if saved:
+                check_same_schedule(workdir, config, max(saved), extend=extend)
+        Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir))
+    except ValueError as error:  # a damaged config.json or no intact checkpoint
+        raise ConfigError(str(error)) from None
+
+
+def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """check_same_run; a changed data source that cannot be opened at all is named as that
+    (the more useful line), which costs opening it only on this refusal path."""
+    try:
+        check_same_run(workdir, config)
+    except ConfigError:
+        data_lib.make_source(config.data, seed=config.train.seed)  # ValueError naming it
+        raise
+
+
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """The steps of `workdir/checkpoints/<step>/`, read from the names alone (no orbax)."""
+    directory = os.path.join(workdir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return [int(name) for name in names if name.isdigit()]
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+            extend: bool = False) -> PreparedRun:
+    """The unfinished run in `workdir` ready to train (restored from its newest intact
+    checkpoint; damaged newer ones are moved aside with a warning).
+
+    Raises ConfigError, before any file in `workdir` is touched, for bad config or workdir, a
+    changed schedule without `extend`, or no intact checkpoint.
     """
     workdir = os.fspath(workdir)
-    validate(config)
-    previous = RunFiles(workdir).read_summary() if os.path.isdir(workdir) else None
+    check_before_start(config, workdir, extend=extend)
+    previous = read_summary(workdir)
     try:
         mesh = sharding.make_mesh(config.train.get("fsdp", 1))
         source = data_lib.make_source(config.data, seed=config.train.seed)
         graphdef, state = init_state(config)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
         checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep)
-        resume_step = checkpoints.latest_step()
+        resume_step, state = checkpoints.restore_newest_intact(state)
         if resume_step is not None:
-            check_same_run(workdir, config)
-            state = checkpoints.restore(resume_step, state)
             # The learning rate lives in the state (traced); a resumed run uses the config's,
             # so that config.json and the logged train/lr say what was used.
             state["lr"] = jax.device_put(jnp.asarray(config.train.lr, jnp.float32),

@@ -1,7 +1,8 @@
 r"""Run an experiment's grid: one run directory per point, resumable, in-process or in parallel.
 
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
-      [--parallel=N] [--noensemble] [--dry_run] [--imports=my_policy.py] [--add_policies=SPEC,...]
+      [--parallel=N] [--noensemble] [--dry_run] [--extend] [--imports=my_policy.py] \
+      [--add_policies=SPEC,...]
 
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
 compiling and starting W&B than training, and one process shares all of that (and the compiled
@@ -13,11 +14,17 @@ own run directory); `--noensemble` trains them one after another. `--parallel=N`
 written at the end. `--imports` imports user modules or files (their registered policies) here
 and in every process the sweep starts; `--add_policies` adds policy specs to the experiment's grid
 at each setting of its other keys (`experiment.with_policies`).
+
+One sweep at a time writes a sweep directory (a lock; each run directory has its own too). A run
+already trained with other steps, warmup or lr is refused unless `--extend`. Exit codes: 0 every
+run completed or diverged, 2 bad input (a directory in use included), 3 preempted (rerun to
+continue), 4 some run failed or is missing (listed at the top of report/summary.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 import subprocess
@@ -33,6 +40,7 @@ from scale_ablation import (
     experiment,
     hooks,
     jsonfiles,
+    locking,
     plugins,
     report,
     runs,
@@ -53,6 +61,11 @@ _ENSEMBLE = flags.DEFINE_bool(
     "learning rate as one vmapped program (in-process runner, --parallel=1, only).")
 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
+_EXTEND = flags.DEFINE_bool(
+    "extend", False, "Continue runs trained with other train.steps, train.warmup_steps or "
+    "train.lr (finished ones included) from their last checkpoints with the new values.")
+EXIT_INCOMPLETE = 4  # some run failed or is missing
+
 _IMPORTS = plugins.imports_flag()
 _ADD_POLICIES = flags.DEFINE_list(
     "add_policies", [], "Policy specs to add to the experiment's grid, comma-separated: one more "
@@ -89,39 +102,59 @@ def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> lis
 
 
 def run_status(sweep_dir: str, point: Point) -> str:
+    """The run's status on disk ("pending" if none); ValueError naming a damaged summary."""
     summary = RunFiles(os.path.join(sweep_dir, point.name)).read_summary()
     return (summary or {}).get("status", "pending")
 
 
-def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str, str]) -> None:
-    """Raise ConfigError if a finished run was made with other identity fields than its point
-    has now (the experiment file changed): skipping it would report a stale result."""
+def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str, str],
+                        extend: bool = False) -> None:
+    """Raise ConfigError if a started run was made with other identity fields than its point
+    has now (the experiment file changed): skipping it would report a stale result, resuming it
+    would mix two configs. Another schedule is refused too unless `extend`, which marks a
+    finished run "extend" in `statuses`."""
     for point in points:
+        workdir = os.path.join(sweep_dir, point.name)
         if statuses[point.name] in FINISHED:
-            runs.check_same_run(os.path.join(sweep_dir, point.name), point.config)
+            if runs.finished_summary(point.config, workdir, extend=extend) is None:
+                statuses[point.name] = "extend"
+        elif os.path.isfile(os.path.join(workdir, "config.json")):
+            runs.check_same_run(workdir, point.config)
+            saved = runs.checkpoint_steps(workdir)
+            if saved:
+                runs.check_same_schedule(workdir, point.config, max(saved), extend=extend)
+
+
+def final_statuses(sweep_dir: str, points: list[Point],
+                   outcomes: dict[str, str] | None = None) -> dict[str, str]:
+    """Each point's status: summary.json's, else `outcomes`' (run name -> status, from this
+    invocation's runner), which stand in for runs that left no summary.json: one rejected by
+    `train` before writing anything is "failed"."""
+    outcomes = outcomes or {}
+    result = {}
+    for point in points:
+        on_disk = run_status(sweep_dir, point)
+        result[point.name] = outcomes.get(point.name, on_disk) if on_disk == "pending" else on_disk
+    return result
 
 
 def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
                      outcomes: dict[str, str] | None = None) -> None:
-    """`outcomes` (run name -> status, from this invocation's runner) stand in for runs that
-    left no summary.json: one rejected by `train` before writing anything is "failed"."""
-    outcomes = outcomes or {}
-
-    def status(point: Point) -> str:
-        on_disk = run_status(sweep_dir, point)
-        return outcomes.get(point.name, on_disk) if on_disk == "pending" else on_disk
-
+    """sweep.json: the grid and each run's status (`final_statuses`)."""
+    statuses = final_statuses(sweep_dir, points, outcomes)
     record = {
         "config": spec,
-        "runs": [{"name": p.name, "overrides": p.overrides, "status": status(p)} for p in points],
+        "runs": [{"name": p.name, "overrides": p.overrides, "status": statuses[p.name]}
+                 for p in points],
     }
     # Unsorted: the overrides keep the grid's order, which names the runs.
     jsonfiles.write_json_atomic(os.path.join(sweep_dir, "sweep.json"), record, sort_keys=False)
 
 
-def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = ()) -> list[str]:
+def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = (),
+            extend: bool = False) -> list[str]:
     return [sys.executable, "-m", "scale_ablation.main", f"--config={spec}",
-            *plugins.flag_args(imports),
+            *plugins.flag_args(imports), *(["--extend"] if extend else []),
             f"--workdir={os.path.join(sweep_dir, point.name)}",
             f"--config.wandb.group={point.config.wandb.group}", "--config.wandb.job_type=sweep",
             *experiment.override_flags(point.overrides)]
@@ -129,7 +162,7 @@ def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = 
 
 def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
                    outcomes: dict[str, str] | None = None, together: bool = True,
-                   extra_hooks: Sequence[hooks.Periodic] = ()) -> bool:
+                   extra_hooks: Sequence[hooks.Periodic] = (), extend: bool = False) -> bool:
     """Returns False if the sweep was preempted (stop; rerun to continue). Each run's status
     goes into `outcomes` (name -> status) when given. `together`: points that can share one
     program (`ensemble.group`) train as one ensemble."""
@@ -141,10 +174,10 @@ def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
         label = points[0].name if len(points) == 1 else f"group {number}/{len(groups)}"
         group_hooks = [*extra_hooks, progress.step_hook(label)]
         if len(points) == 1:
-            statuses = [_train_alone(sweep_dir, points[0], group_hooks)]
+            statuses = [_train_alone(sweep_dir, points[0], group_hooks, extend)]
         else:
             progress.show(running=len(points))
-            statuses = _train_together(sweep_dir, points, group_hooks)
+            statuses = _train_together(sweep_dir, points, group_hooks, extend)
         for point, status in zip(points, statuses, strict=True):
             if outcomes is not None:
                 outcomes[point.name] = status
@@ -160,33 +193,40 @@ def _summary(sweep_dir: str, point: Point) -> dict:
     return RunFiles(os.path.join(sweep_dir, point.name)).read_summary() or {}
 
 
-def _train_alone(sweep_dir: str, point: Point, extra_hooks: Sequence[hooks.Periodic]) -> str:
+def _train_alone(sweep_dir: str, point: Point, extra_hooks: Sequence[hooks.Periodic],
+                 extend: bool = False) -> str:
     print(f"[sweep] {point.name}", flush=True)
     try:
         workdir = os.path.join(sweep_dir, point.name)
-        return train(point.config, workdir, extra_hooks, progress=False)["status"]
+        return train(point.config, workdir, extra_hooks, progress=False, extend=extend)["status"]
     except ConfigError as error:
         print(f"[sweep] {point.name}: error: {error}", flush=True)
     except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
-        logging.exception("run %s failed", point.name)
+        _log_failure(error, f"run {point.name}")
         print(f"[sweep] {point.name}: failed: {type(error).__name__}: {error}", flush=True)
     return "failed"
 
 
-def _train_together(sweep_dir: str, points: list[Point],
-                    extra_hooks: Sequence[hooks.Periodic]) -> list[str]:
+def _log_failure(error: Exception, what: str) -> None:
+    """The traceback of a crashed run, except for a full disk: the one line printed says it."""
+    if not (isinstance(error, OSError) and error.errno == errno.ENOSPC):
+        logging.exception("%s failed", what)
+
+
+def _train_together(sweep_dir: str, points: list[Point], extra_hooks: Sequence[hooks.Periodic],
+                    extend: bool = False) -> list[str]:
     names = [point.name for point in points]
     print(f"[sweep] ensemble of {len(points)}: {', '.join(names)}", flush=True)
     try:
         summaries = train_runs([p.config for p in points],
                                [os.path.join(sweep_dir, n) for n in names], names, extra_hooks,
-                               progress=False)
+                               progress=False, extend=extend)
     except ConfigError as error:
         # A member was refused before any file was written: alone, each run says if it is.
         print(f"[sweep] ensemble not started ({error}): its runs train one by one", flush=True)
-        return [_train_alone(sweep_dir, point, extra_hooks) for point in points]
+        return [_train_alone(sweep_dir, point, extra_hooks, extend) for point in points]
     except Exception as error:  # members without a result are recorded failed; the sweep goes on
-        logging.exception("ensemble %s failed", names)
+        _log_failure(error, f"ensemble {names}")
         print(f"[sweep] ensemble failed: {type(error).__name__}: {error}", flush=True)
         statuses = [run_status(sweep_dir, point) for point in points]
         return [s if s in FINISHED else "failed" for s in statuses]
@@ -216,7 +256,7 @@ def process_env(slot: int, gpus: list[str]) -> dict[str, str]:
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
                      parallel: int, outcomes: dict[str, str] | None = None,
-                     imports: tuple[str, ...] = ()) -> bool:
+                     imports: tuple[str, ...] = (), extend: bool = False) -> bool:
     pending, running = list(todo), {}
     free_slots, gpus = list(range(parallel)), visible_gpus()
     preempted = False
@@ -225,7 +265,8 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
             while pending and free_slots and not preempted:
                 point, slot = pending.pop(0), free_slots.pop(0)
                 log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
-                process = subprocess.Popen(command(spec, sweep_dir, point, imports), stdout=log,
+                process = subprocess.Popen(command(spec, sweep_dir, point, imports, extend),
+                                           stdout=log,
                                            stderr=subprocess.STDOUT, env=process_env(slot, gpus))
                 running[point.name] = (process, point, log, slot)
                 progress.show(running=len(running))
@@ -277,9 +318,10 @@ def main(argv: list[str]) -> int:
     imports = tuple(_IMPORTS.value)
     try:
         plugins.load(imports)
+        runs.check_workdir(sweep_dir)
         points = expand(_CONFIG.value, sweep_dir, tuple(_ADD_POLICIES.value))
         statuses = {p.name: run_status(sweep_dir, p) for p in points}
-        check_finished_runs(sweep_dir, points, statuses)
+        check_finished_runs(sweep_dir, points, statuses, _EXTEND.value)
         extra_hooks = hooks.hooks_from_environment(dict(os.environ))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -288,10 +330,25 @@ def main(argv: list[str]) -> int:
     if _DRY_RUN.value:
         for point in points:
             print(f"{statuses[point.name]:>10}  {point.name}")
-            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point, imports)))
+            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point, imports,
+                                                    _EXTEND.value)))
         print(f"{len(points)} runs, {len(todo)} to run")
         return 0
+    try:
+        lock = locking.DirectoryLock(sweep_dir).acquire()  # one sweep per directory
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        return _run_sweep(sweep_dir, points, todo, imports, extra_hooks)
+    finally:
+        lock.release()
 
+
+def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
+               imports: tuple[str, ...], extra_hooks: Sequence[hooks.Periodic]) -> int:
+    """Train `todo`, write sweep.json and the report; the sweep's exit code."""
+    jsonfiles.remove_leftover_temporaries(sweep_dir)
     runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
     write_sweep_file(sweep_dir, _CONFIG.value, points)
     progress = Progress(len(points), len(points) - len(todo))
@@ -303,10 +360,11 @@ def main(argv: list[str]) -> int:
     try:
         if _PARALLEL.value == 1:
             complete = run_in_process(sweep_dir, todo, progress, outcomes,
-                                      together=_ENSEMBLE.value, extra_hooks=extra_hooks)
+                                      together=_ENSEMBLE.value, extra_hooks=extra_hooks,
+                                      extend=_EXTEND.value)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
-                                        outcomes, imports)
+                                        outcomes, imports, _EXTEND.value)
     finally:
         write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes)
     if not complete:
@@ -317,6 +375,12 @@ def main(argv: list[str]) -> int:
             report.write_report(sweep_dir)
         except ValueError as error:  # no run got as far as writing its config
             print(f"[sweep] no report: {error}", flush=True)
+    missing = {name: status for name, status in final_statuses(
+        sweep_dir, points, outcomes).items() if status not in FINISHED}
+    if missing:
+        print(f"[sweep] {len(missing)} of {len(points)} runs have no result: "
+              + ", ".join(f"{name} ({status})" for name, status in missing.items()), flush=True)
+        return EXIT_INCOMPLETE
     return 0
 
 

@@ -64,13 +64,14 @@ class RunTrackers:
 def open_trackers(workdir: str | os.PathLike, config: Mapping[str, Any], *,
                   wandb: WandbSettings, resume_step: int | None = None,
                   enable: bool = True) -> RunTrackers:
-    """The run's trackers: config.json written, metrics.jsonl cut back to `resume_step` when
-    resuming, the W&B run started (or continued). `enable=False`: none (writes nothing)."""
+    """The run's trackers: config.json written, metrics.jsonl cut back to `resume_step` (or
+    emptied when starting from scratch: rows of an attempt killed before its first checkpoint
+    are not this attempt's), the W&B run started (or continued). `enable=False`: none (writes
+    nothing)."""
     if not enable:
         return RunTrackers()
     resolve_wandb_mode(wandb.mode)  # a bad mode fails before anything is written
     files = RunFiles(workdir)
+    files.truncate_metrics_after(-1 if resume_step is None else resume_step)
     files.write_config(config)
-    if resume_step is not None:
-        files.truncate_metrics_after(resume_step)
     return RunTrackers(files, WandbTracker(workdir, config, wandb))

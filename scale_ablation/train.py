@@ -10,38 +10,54 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import jax
 import ml_collections
 
-from scale_ablation import ensemble, hooks, runs
+from scale_ablation import ensemble, hooks, jsonfiles, locking, runs
 from scale_ablation.loop import Member, run_members
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
-          extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True) -> dict:
+          extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True, *,
+          extend: bool = False) -> dict:
     """Train (or resume, or skip if already finished) the run in `workdir`; return its summary.
 
     `extra_hooks` run after the built-in row hooks, before the row is written
-    (`hooks.default_hooks`).
+    (`hooks.default_hooks`). `extend`: a run trained with other `config.SCHEDULE_FIELDS`
+    (steps, warmup, lr) continues with these instead of being refused.
     """
-    finished = runs.finished_summary(config, workdir)
+    finished = runs.finished_summary(config, workdir, extend=extend)
     if finished is not None:
         return finished
-    return train_runs([config], [workdir], extra_hooks=extra_hooks, progress=progress)[0]
+    return train_runs([config], [workdir], extra_hooks=extra_hooks, progress=progress,
+                      extend=extend)[0]
 
 
 def train_runs(configs: Sequence[ml_collections.ConfigDict],
                workdirs: Sequence[str | os.PathLike], labels: Sequence[str] | None = None,
-               extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True) -> list[dict]:
+               extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True, *,
+               extend: bool = False) -> list[dict]:
     """Train unfinished runs that can step as one program (`ensemble.group`); return their
     summaries in order. `labels` prefix each run's printed lines (default: none for one run,
     the directory name for several); `progress=False` prints no step lines (a sweep prints its
     own).
 
-    Raises ConfigError if a run is refused and ValueError if the runs are no ensemble, both
-    before any file is written.
+    Raises ConfigError if a run is refused (one in use by another process included) and
+    ValueError if the runs are no ensemble, both before any file is written.
     """
-    prepared = [runs.prepare(config, workdir)
-                for config, workdir in zip(configs, workdirs, strict=True)]
+    for config, workdir in zip(configs, workdirs, strict=True):
+        runs.check_before_start(config, workdir, extend=extend)
+    # One writer per run directory, held until the members end (process 0 writes the files).
+    with locking.locked(workdirs if jax.process_index() == 0 else []):
+        prepared = [runs.prepare(config, workdir, extend=extend)
+                    for config, workdir in zip(configs, workdirs, strict=True)]
+        for workdir in workdirs:
+            jsonfiles.remove_leftover_temporaries(workdir)
+        return _train_prepared(prepared, labels, extra_hooks, progress)
+
+
+def _train_prepared(prepared: list[runs.PreparedRun], labels: Sequence[str] | None,
+                    extra_hooks: Sequence[hooks.Periodic], progress: bool) -> list[dict]:
     ensemble.check_one_ensemble(prepared)
     if labels is None:
         labels = [""] if len(prepared) == 1 else [

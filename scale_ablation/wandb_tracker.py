@@ -24,9 +24,11 @@ from scale_ablation import jsonfiles, wandb_offline
 from scale_ablation.config import WANDB_MODES
 from scale_ablation.redaction import scrub_secrets
 
-# A server that does not answer within this long costs the run its W&B view, not its time.
-_WANDB_INIT_TIMEOUT_SECONDS = 30.0
 _DEFAULT_WANDB_HOST = "https://api.wandb.ai"
+# W&B servers (base URLs) that did not answer wandb.init in this process, with the error. A
+# server that timed out once is not waited for again: every later run of the process (a
+# sweep's, the report's) logs offline at once. A record of what happened, not a setting.
+_UNREACHABLE: dict[str, str] = {}
 # How long finish() waits for wandb-core to close an offline run's .wandb file (~1-4 ms here).
 _TRANSACTION_LOG_CLOSE_TIMEOUT_SECONDS = 10.0
 
@@ -82,6 +84,9 @@ class WandbSettings:
     job_type: str = "train"
     tags: tuple[str, ...] = ()
     name: str = ""
+    # A server that does not answer within this long costs the run its W&B view, not its
+    # time: the run logs offline (and so does every later run of the process).
+    init_timeout: float = 30.0
 
     @classmethod
     def of(cls, section: Mapping[str, Any] | None, **overrides: Any) -> WandbSettings:
@@ -134,10 +139,27 @@ class WandbTracker:
         mode = resolve_wandb_mode(settings.mode)
         if mode == "disabled":
             return
+        server = os.environ.get("WANDB_BASE_URL") or _DEFAULT_WANDB_HOST
+        if mode == "online" and server in _UNREACHABLE:
+            logging.warning("W&B server %s did not answer earlier in this process (%s): logging "
+                            "%s offline; upload later with `wandb sync %s`", server,
+                            _UNREACHABLE[server], self.workdir, self.workdir / "wandb")
+            mode = "offline"
         try:
             self._start(config, mode, settings)
         except Exception as error:  # W&B must never stop a run
-            self._give_up("init", error)
+            if mode != "online" or type(error).__name__ != "CommError":
+                self._give_up("init", error)
+                return
+            _UNREACHABLE[server] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            logging.warning("W&B server %s did not answer within %.0f s (%s): logging this and "
+                            "later runs of this process offline; upload later with `wandb sync "
+                            "%s`", server, settings.init_timeout, _UNREACHABLE[server],
+                            self.workdir / "wandb")
+            try:
+                self._start(config, "offline", settings)
+            except Exception as offline_error:
+                self._give_up("init", offline_error)
 
     @property
     def active(self) -> bool:
@@ -151,7 +173,7 @@ class WandbTracker:
         ) or None
         wandb_settings = wandb.Settings(
             mode=mode,
-            init_timeout=_WANDB_INIT_TIMEOUT_SECONDS,
+            init_timeout=float(settings.init_timeout),
             console="off",  # absl already logs to stderr; capturing it costs a thread
             quiet=True,  # no run-history sparklines per run: a sweep prints dozens of runs
             save_code=False,

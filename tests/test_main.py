@@ -169,14 +169,18 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
 def test_truncated_checkpoint(corruption, resumable):
-    checkpoint = resumable / "checkpoints" / "10"
-    damaged = [path for path in checkpoint.glob(CORRUPTIONS[corruption]) if path.is_file()]
-    assert damaged
-    for path in damaged:
-        os.truncate(path, path.stat().st_size // 2)
+    """Every checkpoint damaged: refused, naming the newest. (One damaged, the run falls back
+    to the previous one: tests/test_integrity.py.)"""
+    for step in (5, 10):
+        checkpoint = resumable / "checkpoints" / str(step)
+        damaged = [path for path in checkpoint.glob(CORRUPTIONS[corruption]) if path.is_file()]
+        assert damaged
+        for path in damaged:
+            os.truncate(path, path.stat().st_size // 2)
     before = snapshot(resumable)
     result = run_main(resumable)
     assert_one_error_line(
-        result, f"cannot read checkpoint {checkpoint}", also_ignore=ORBAX_ERROR_LOG
+        result, f"no intact checkpoint in {resumable / 'checkpoints'} (newest, step 10",
+        also_ignore=ORBAX_ERROR_LOG
     )
     assert snapshot(resumable) == before

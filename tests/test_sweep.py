@@ -337,7 +337,7 @@ def test_a_bad_grid_exits_2_with_one_line_and_creates_nothing(
 def test_a_run_refused_by_train_is_recorded_failed(experiment_file, tmp_path):
     sweep_dir = tmp_path / "refused"
     result = run_sweep(f"--config={experiment_file}:no_data", f"--workdir={sweep_dir}")
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == sweep.EXIT_INCOMPLETE, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert "no_such_corpus" in result.stdout and "failed=1" in result.stdout
     record = read_json(sweep_dir / "sweep.json")
@@ -359,7 +359,7 @@ def parallel_sweep(experiment_file, tmp_path_factory) -> tuple[pathlib.Path, obj
 
 def test_parallel_runs_each_point_in_its_own_process(parallel_sweep):
     sweep_dir, result = parallel_sweep
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == sweep.EXIT_INCOMPLETE, result.stdout + result.stderr
     record = read_json(sweep_dir / "sweep.json")
     assert [r["overrides"] for r in record["runs"]] == GRIDS["parallel"]
     assert [r["status"] for r in record["runs"]] == ["completed", "completed", "failed"]
