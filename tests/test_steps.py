@@ -12,7 +12,7 @@ from test_model import tiny_config
 
 from scale_ablation import runs, steps
 from scale_ablation.evaluation import Evaluator
-from scale_ablation.optim import make_optimizer
+from scale_ablation.optim import OptimizerSettings, make_optimizer
 
 CONFIG = {"model.num_layers": 1, "train.batch_size": 4, "data.val_batches": 2}
 
@@ -137,3 +137,20 @@ def test_a_diverged_member_is_frozen_and_its_neighbour_trains_on(fresh, backend)
     for got, want in zip(jax.tree.leaves(first), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
     assert int(first["step"]) == 1 and int(second["step"]) == 0
+
+
+def test_the_step_scales_its_update_by_the_state_lr(fresh):
+    """Adam's step does not depend on the learning rate, so doubling the state's lr doubles
+    every parameter's change (the peak lr is applied outside the optimiser)."""
+    config, graphdef, state, _ = fresh
+    settings = OptimizerSettings(steps=10, warmup_steps=0, grad_clip=1.0, weight_decay=0.1)
+    step = jax.jit(steps.make_train_step(graphdef, make_optimizer(settings), 0.0))
+    batch, key = batch_of(config, 4), steps.dropout_key(0, 0)
+    changes = []
+    for lr in (1e-3, 2e-3):
+        after, _ = step({**state, "lr": jnp.float32(lr)}, batch, key)
+        changes.append(jax.tree.map(lambda new, old: np.asarray(new, np.float64) - np.asarray(old),
+                                    after["params"], state["params"]))
+    for small, double in zip(jax.tree.leaves(changes[0]), jax.tree.leaves(changes[1]), strict=True):
+        np.testing.assert_allclose(double, 2 * small, rtol=1e-3, atol=1e-6)
+    assert max(np.abs(leaf).max() for leaf in jax.tree.leaves(changes[0])) > 0
