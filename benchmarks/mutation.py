@@ -6,14 +6,15 @@ should catch it, and report which mutations the tests kill.
     python benchmarks/mutation.py --list             # the list, nothing run
 
 Each mutation is a realistic bug: a file, an exact snippet of it, its replacement, and the tests
-(pytest arguments: files, node ids, `-k` expressions) that must fail. The repo is copied once
-to a temporary directory; each mutation is written there, the tests run there with `-x`
+(pytest arguments: files, node ids, `-k` expressions) that must fail. Every snippet is checked,
+before anything runs, to occur exactly once. The repo is copied once to a temporary directory
 (PYTHONPATH and the working directory point at the copy, so the copy is what is imported, also
-by the subprocesses the tests start), and the file is restored. Every snippet is checked,
-before anything runs, to occur exactly once.
+by the subprocesses the tests start). First each test selection runs there unmutated and must
+pass (a test that fails anyway proves nothing); then each mutation is written there, its tests
+run with `-x`, and the file is restored.
 
 Exit status: 0 when every mutation is killed, 1 when one survives, 2 when a snippet is missing
-or ambiguous (the code moved: update the list).
+or ambiguous (the code moved: update the list) or a selection fails unmutated.
 
 Why not mutmut or cosmic-ray: they generate thousands of operator-level mutants (`+` to `-`,
 constants off by one), most of them equivalent or caught by any test at all, and each needs a
@@ -190,20 +191,40 @@ def check_snippets(mutations: list[Mutation]) -> list[str]:
     return problems
 
 
+def pytest(copy: pathlib.Path, tests: tuple[str, ...], timeout: float):
+    """pytest -x on `tests` in the copy, importing the copy's package."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "WANDB_MODE": "offline",
+           "WANDB_SILENT": "true", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           *tests], cwd=copy, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def failing_baselines(copy: pathlib.Path, mutations: list[Mutation], timeout: float) -> list[str]:
+    """The test selections that do not pass on the unmutated copy: a mutation "killed" by a
+    test that fails anyway proves nothing."""
+    selections = list(dict.fromkeys(m.tests for m in mutations))
+    failing = []
+    for index, tests in enumerate(selections, 1):
+        start = time.monotonic()
+        result = pytest(copy, tests, timeout)
+        print(f"[baseline {index}/{len(selections)}] rc {result.returncode} "
+              f"{time.monotonic() - start:6.1f} s  {' '.join(tests)}", flush=True)
+        if result.returncode != 0:
+            failing.append(f"{' '.join(tests)}: pytest exited {result.returncode}\n"
+                           f"{result.stdout[-1500:]}")
+    return failing
+
+
 def run_tests(copy: pathlib.Path, mutation: Mutation, timeout: float) -> tuple[str, float]:
     """('killed' | 'survived' | 'killed (timeout)', seconds) with the mutation applied."""
     originals = {file: (copy / file).read_text() for file, _, _ in mutation.edits}
     for file, original, replacement in mutation.edits:
         path = copy / file
         path.write_text(path.read_text().replace(original, replacement, 1))
-    env = {**os.environ, "PYTHONPATH": str(copy), "WANDB_MODE": "offline",
-           "WANDB_SILENT": "true", "PYTHONDONTWRITEBYTECODE": "1"}
     start = time.monotonic()
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-             *mutation.tests], cwd=copy, env=env, capture_output=True, text=True,
-            timeout=timeout)
+        result = pytest(copy, mutation.tests, timeout)
         # pytest: 1 a test failed, 5 no test collected (a bad selection is not a kill).
         outcome = {0: "survived", 1: "killed"}.get(result.returncode)
         if outcome is None:
@@ -229,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated words: run the mutations "
                         "whose name contains one of them")
     parser.add_argument("--list", action="store_true", help="print the mutations and exit")
+    parser.add_argument("--no_baseline", action="store_true", help="skip the first pass that "
+                        "runs each test selection on the unmutated copy (it must pass)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutation")
     args = parser.parse_args(argv)
     words = [w for w in args.only.split(",") if w]
@@ -250,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         where = imported_from(copy)
         if not where.startswith(str(copy)):
             print(f"error: the copy imports scale_ablation from {where}", file=sys.stderr)
+            return 2
+        failing = [] if args.no_baseline else failing_baselines(copy, chosen, args.timeout)
+        if failing:
+            print("\n".join(f"error: fails unmutated: {f}" for f in failing), file=sys.stderr)
             return 2
         results = []
         for index, m in enumerate(chosen, 1):
