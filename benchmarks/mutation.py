@@ -1,7 +1,7 @@
 """Mutation testing of the core: apply each listed bug to a copy of the repo, run the tests that
 should catch it, and report which mutations the tests kill.
 
-    python benchmarks/mutation.py                    # every mutation (about 25 minutes on 2 cores)
+    python benchmarks/mutation.py                    # every mutation (~13 minutes on 2 cores)
     python benchmarks/mutation.py --only rotary,bpb  # mutations whose name contains a word
     python benchmarks/mutation.py --list             # the list, nothing run
 
