@@ -291,3 +291,97 @@ def test_causal_blocks_match_full_attention(spec):
         np.testing.assert_allclose(
             attention.attend(q, k, v, policy=policy),
             jax.nn.dot_product_attention(q, k, v, is_causal=True), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- NumPy references
+
+
+def numpy_attention(q, k, v, scale, causal: bool) -> np.ndarray:
+    """softmax(scale · q·k) v in float64; scale: [Tq, H]. Query i of Tq sits at key position
+    i + (Tk - Tq) when causal."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    q_len, k_len = q.shape[1], k.shape[1]
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * np.asarray(scale, np.float64).T[None, :, :, None]
+    if causal:
+        visible = np.arange(k_len)[None, :] <= np.arange(q_len)[:, None] + (k_len - q_len)
+        logits = np.where(visible, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def numpy_rotary(x, positions, base=10_000.0) -> np.ndarray:
+    """Rotate each pair (x[j], x[j + D/2]) by the angle position · base^(-j / (D/2))."""
+    x = np.asarray(x, np.float64)
+    half = x.shape[-1] // 2
+    out = np.empty_like(x)
+    for t, position in enumerate(positions):
+        for j in range(half):
+            angle = position * base ** (-j / half)
+            a, b = x[:, t, :, j], x[:, t, :, j + half]
+            out[:, t, :, j] = a * math.cos(angle) - b * math.sin(angle)
+            out[:, t, :, j + half] = a * math.sin(angle) + b * math.cos(angle)
+    return out
+
+
+@pytest.mark.parametrize("q_len,k_len", [(3, 7), (5, 5), (1, 4)])
+def test_keys_per_query_counts_the_visible_keys(q_len, k_len):
+    counted = [sum(1 for j in range(k_len) if j <= i + (k_len - q_len)) for i in range(q_len)]
+    np.testing.assert_array_equal(attention._keys_per_query(q_len, k_len, True), counted)
+    np.testing.assert_array_equal(attention._keys_per_query(q_len, k_len, False), [k_len] * q_len)
+
+
+def closed_form_scales(q_len: int, k_len: int, head_dim: int) -> dict:
+    """(spec, params, [Tq, H] scale) per policy, each scale written from the policy's formula."""
+    visible = np.arange(1, q_len + 1) + (k_len - q_len)  # keys seen by each query
+    s = np.array([0.7, 1.3, 2.0])[:HEADS]
+    log_scale = np.log(np.array([0.2, 0.5, 0.9])[:HEADS])
+    inv_sqrt = 1 / math.sqrt(head_dim)
+    return {
+        "inv_sqrt_dk": ({}, np.full((q_len, HEADS), inv_sqrt)),
+        "const:0.3": ({}, np.full((q_len, HEADS), 0.3)),
+        "log_length": ({"log_length_s": jnp.asarray(s, jnp.float32)},
+                       np.log(visible)[:, None] * s[None, :] * inv_sqrt),
+        "learned_per_head": ({"log_scale": jnp.asarray(log_scale, jnp.float32)},
+                             np.broadcast_to(np.exp(log_scale), (q_len, HEADS))),
+    }
+
+
+@pytest.mark.parametrize("q_len,k_len", [(3, 7), (SEQ, SEQ)], ids=["q_shorter", "square"])
+@pytest.mark.parametrize("spec", ["inv_sqrt_dk", "const:0.3", "log_length", "learned_per_head"])
+def test_both_implementations_match_numpy_with_the_closed_form_scale(spec, q_len, k_len):
+    params, scale = closed_form_scales(q_len, k_len, HEAD_DIM)[spec]
+    q = normal(30, (BATCH, q_len, HEADS, HEAD_DIM))
+    k, v = normal(31, (BATCH, k_len, HEADS, HEAD_DIM)), normal(32, (BATCH, k_len, HEADS, HEAD_DIM))
+    expected = numpy_attention(q, k, v, scale, causal=True)
+    policy = policies.get(spec)
+    np.testing.assert_allclose(
+        attention.query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=HEADS,
+                              head_dim=HEAD_DIM, causal=True), scale, rtol=1e-6)
+    for implementation in ("reference", "fused"):
+        out = attention.attend(q, k, v, policy=policy, params=params, causal=True,
+                               implementation=implementation)
+        np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5, err_msg=implementation)
+
+
+def test_rotary_matches_numpy():
+    x = normal(40, (2, 6, 3, 8))
+    positions = np.array([0, 1, 2, 5, 9, 100])
+    np.testing.assert_allclose(attention.apply_rotary(x, jnp.asarray(positions)),
+                               numpy_rotary(x, positions), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_self_attention_rotates_queries_and_keys():
+    """The module against NumPy: project, rotate q and k by position, attend at 1/√d_k."""
+    module = build("inv_sqrt_dk", positions="rotary")
+    x = normal(41, (2, SEQ, D_MODEL))
+    out, _ = module(x)
+    w = {name: np.asarray(getattr(module, name).kernel[...], np.float64)
+         for name in ("query", "key", "value", "out")}
+    q, k, v = (np.asarray(x, np.float64) @ w[n] for n in ("query", "key", "value"))
+    q, k, v = (a.reshape(2, SEQ, HEADS, HEAD_DIM) for a in (q, k, v))
+    positions = np.arange(SEQ)
+    q, k = numpy_rotary(q, positions), numpy_rotary(k, positions)
+    scale = np.full((SEQ, HEADS), 1 / math.sqrt(HEAD_DIM))
+    expected = numpy_attention(q, k, v, scale, causal=True).reshape(2, SEQ, -1) @ w["out"]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)

@@ -11,7 +11,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -21,7 +20,7 @@ import pytest
 from helpers import read_json
 
 from scale_ablation import data as data_lib
-from scale_ablation import ensemble, experiment, optim, runs, steps, train, wandb_offline
+from scale_ablation import ensemble, experiment, hooks, optim, runs, steps, train, wandb_offline
 from scale_ablation.checkpoints import Checkpoints
 from scale_ablation.run_files import RunFiles
 
@@ -180,48 +179,27 @@ RESUME_MEMBERS = [
     {"policy": "none", "train.seed": 0, "train.lr": 3e-3},
     {"policy": "inv_sqrt_dk", "train.seed": 1, "train.lr": 1e-2},
 ]
-PREEMPT_AT = 12  # SIGTERM while fetching this step's batch: the run stops before step 13
+PREEMPT_AT = 12  # SIGTERM once this step is done (hooks.signal_at): the run stops there
 
 
-def signalling_source(make_source):
-    """make_source whose sources SIGTERM this process when asked for step PREEMPT_AT."""
-
-    def make(data_config, seed):
-        source = make_source(data_config, seed)
-
-        class Source:
-            name = source.name
-            val_batches = source.val_batches
-
-            def train_batch(self, step, *args, **kwargs):
-                if step == PREEMPT_AT:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return source.train_batch(step, *args, **kwargs)
-
-        return Source()
-
-    return make
-
-
-def test_a_preempted_ensemble_resumes_exactly(tmp_path, monkeypatch):
+def test_a_preempted_ensemble_resumes_exactly(tmp_path):
     configs = [config_of(RESUME, member) for member in RESUME_MEMBERS]
     names = ["a", "b"]
     uninterrupted = train.train_runs(configs, [tmp_path / "whole" / n for n in names])
     workdirs = [tmp_path / "resumed" / n for n in names]
 
-    with monkeypatch.context() as patch:
-        patch.setattr(data_lib, "make_source", signalling_source(data_lib.make_source))
-        preempted = train.train_runs(configs, workdirs)
+    preempted = train.train_runs(configs, workdirs,
+                                 extra_hooks=[hooks.signal_at(str(PREEMPT_AT))])
     for summary, workdir in zip(preempted, workdirs, strict=True):
         assert summary["status"] == "preempted" and summary["signal"] == "SIGTERM"
-        assert summary["steps_completed"] == PREEMPT_AT + 1
-        assert (workdir / "checkpoints" / str(PREEMPT_AT + 1)).is_dir()
+        assert summary["steps_completed"] == PREEMPT_AT
+        assert (workdir / "checkpoints" / str(PREEMPT_AT)).is_dir()
 
     # Members resuming from one step train together; from different steps, apart.
     fresh = tmp_path / "fresh"
     behind = tmp_path / "behind"
     shutil.copytree(workdirs[1], behind)
-    shutil.rmtree(behind / "checkpoints" / str(PREEMPT_AT + 1))  # back to step 10
+    shutil.rmtree(behind / "checkpoints" / str(PREEMPT_AT))  # back to step 10
     assert ensemble.group(configs + configs, [*workdirs, fresh, behind]) == [[0, 1], [2], [3]]
 
     resumed = train.train_runs(configs, workdirs)

@@ -148,9 +148,12 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     assert 1e-4 * scale < error.max() < 0.05 * scale
 
 
-def test_init_gain_scales_query_and_key_outputs():
-    d_model, num_heads, head_dim = 128, 4, 32
-    sizes = {"model.d_model": d_model, "model.num_heads": num_heads, "model.head_dim": head_dim}
+@pytest.mark.parametrize("init", ["fan_in", "xavier"])
+def test_init_gain_scales_query_and_key_outputs(init):
+    # num_heads·head_dim = 32 != d_model = 128: the two inits' variances differ by 1.6x.
+    d_model, num_heads, head_dim = 128, 4, 8
+    sizes = {"model.d_model": d_model, "model.num_heads": num_heads, "model.head_dim": head_dim,
+             "model.init": init}
     x = jnp.asarray(np.random.default_rng(4).normal(size=(4096, d_model)), jnp.float32)
 
     def projection_stds(gain):
@@ -161,11 +164,12 @@ def test_init_gain_scales_query_and_key_outputs():
         ]
 
     (q1, k1, v1), (q2, k2, v2) = projection_stds(1.0), projection_stds(2.0)
-    # Xavier normal: Var(w) = gain² · 2 / (fan_in + fan_out), so Var(x·w) = fan_in · Var(w).
+    # Unit-variance inputs: Var(x·w) = fan_in · Var(w), with Var(w) = gain² / fan_in (fan_in)
+    # or gain² · 2 / (fan_in + fan_out) (Xavier).
     inner = num_heads * head_dim
-    xavier_std = math.sqrt(d_model * 2 / (d_model + inner))
-    assert q1 == pytest.approx(xavier_std, rel=0.1)
-    assert k1 == pytest.approx(xavier_std, rel=0.1)
+    expected_std = 1.0 if init == "fan_in" else math.sqrt(d_model * 2 / (d_model + inner))
+    for std in (q1, k1, v1):
+        assert std == pytest.approx(expected_std, rel=0.08)
     assert q2 / q1 == pytest.approx(2.0, rel=0.1)
     assert k2 / k1 == pytest.approx(2.0, rel=0.1)
     assert v2 / v1 == pytest.approx(1.0, rel=0.1)  # the gain is for q and k only

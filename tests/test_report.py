@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import pathlib
 import re
 import shutil
@@ -97,8 +98,21 @@ def test_one_csv_row_per_run_with_its_summary(sweep_dir):
         assert row["policy"] == config["policy"]
         assert int(row["d_k"]) == config["model"]["head_dim"]
         assert float(row["lr"]) == config["train"]["lr"]
+        assert_bits_are_nats_over_ln2(run_dir, summary)
     statuses = sorted(row["status"] for row in rows.values())
     assert statuses == ["completed", "completed", "completed", "diverged"]
+
+
+def assert_bits_are_nats_over_ln2(run_dir: pathlib.Path, summary: dict) -> None:
+    """Every bits-per-byte figure of a run is its loss in nats over ln 2."""
+    if summary["final_val_loss"] is not None:
+        assert summary["final_val_bpb"] == pytest.approx(summary["final_val_loss"] / math.log(2))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    pairs = [(row[f"{split}/bpb"], row[f"{split}/loss"]) for row in rows for split in ("train", "val")
+             if row.get(f"{split}/loss") is not None and math.isfinite(row[f"{split}/loss"])]
+    assert pairs
+    for bits, nats in pairs:
+        assert bits == pytest.approx(nats / math.log(2))
 
 
 def test_attention_columns_recomputed_from_metrics(sweep_dir):

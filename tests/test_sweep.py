@@ -8,6 +8,7 @@ killed run had logged, and an uninterrupted run of the point that was killed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,12 +17,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from helpers import read_json
 
-from scale_ablation import experiment, report, sweep
+from scale_ablation import experiment, hooks, report, sweep
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -53,6 +53,7 @@ GRIDS = {
     "no_data": [{"data.source": "text:no_such_corpus.txt"}],
 }
 GRIDS["parallel"] = GRIDS["resume"] + GRIDS["no_data"]
+KILL_AT = 55  # the step of the "resume" grid's second run after which the sweep is killed
 REPORT_STATUSES = ["completed", "completed", "completed", "diverged"]
 
 EXPERIMENT = f'''"""A tiny experiment for tests/test_sweep.py and tests/test_report.py."""
@@ -207,30 +208,29 @@ def experiment_file(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(experiment_file, tmp_path_factory) -> dict:
-    """The "resume" grid: SIGKILLed while its second run is mid-way, then rerun."""
+    """The "resume" grid: SIGKILLed after step KILL_AT of its second run (hooks.SIGNAL_AT_ENV:
+    the first run has fewer steps and never gets there), then rerun."""
     sweep_dir = tmp_path_factory.mktemp("killed") / "sweep"
     args = (f"--config={experiment_file}:resume", f"--workdir={sweep_dir}")
     first, second = (sweep_dir / experiment.run_name(o) for o in GRIDS["resume"])
     process = subprocess.Popen(
         [sys.executable, "-m", "scale_ablation.sweep", *args],
         cwd=REPO,
-        env=ENV,
+        env={**ENV, hooks.SIGNAL_AT_ENV: f"{KILL_AT}:SIGKILL"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: the kill takes wandb's helper too
+        start_new_session=True,  # its own process group: the cleanup takes wandb's helper too
     )
     try:
-        deadline = time.monotonic() + 180
-        while not any(0 < s < 200 for s in checkpoint_steps(second)):
-            assert process.poll() is None, "the sweep ended before it could be killed"
-            assert time.monotonic() < deadline, "no periodic checkpoint of the second run"
-            time.sleep(0.02)
+        output, _ = process.communicate(timeout=300)
     finally:
-        os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a helper left in the group
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    killed_output = process.stdout.read().decode()
-    process.stdout.close()
-    assert not (second / "summary.json").exists(), "killed too late: the run had finished"
+    assert process.returncode == -signal.SIGKILL, output.decode()[-3000:]
+    killed_output = output.decode()
+    assert not (second / "summary.json").exists()
+    assert max(checkpoint_steps(second)) == KILL_AT // 10 * 10
 
     before = {
         "first": {

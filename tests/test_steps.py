@@ -1,0 +1,156 @@
+"""The train and eval programs against hand counts: the loss and z-loss, bits per byte, weighted
+accuracy, and a diverged step that leaves the state bitwise as it was."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_model import tiny_config
+
+from scale_ablation import runs, steps
+from scale_ablation.evaluation import Evaluator
+from scale_ablation.optim import OptimizerSettings, make_optimizer
+
+CONFIG = {"model.num_layers": 1, "train.batch_size": 4, "data.val_batches": 2}
+
+
+def numpy_nll(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-position -log softmax(logits)[target] and log Z, in float64."""
+    logits = logits.astype(np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_z = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
+    picked = np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    return log_z - picked, log_z
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    config = tiny_config(**CONFIG)
+    graphdef, state = runs.init_state(config)
+    forward = jax.jit(lambda s, x: nnx.merge(graphdef, s["params"], s["rest"])(x)[0])
+    return config, graphdef, state, forward
+
+
+def test_cross_entropy_and_z_loss_by_hand():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((2, 3, 5)).astype(np.float32) * 3
+    targets = rng.integers(0, 5, (2, 3))
+    weights = np.array([[1, 0, 1], [0.5, 1, 0]], np.float32)
+    nll, log_z = numpy_nll(logits, targets)
+    expected = (nll * weights).sum() / weights.sum()
+    expected_z = expected + 1e-2 * (log_z**2 * weights).sum() / weights.sum()
+    loss, with_z = steps.cross_entropy(jnp.asarray(logits), jnp.asarray(targets),
+                                       jnp.asarray(weights), 1e-2)
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    assert float(with_z) == pytest.approx(expected_z, rel=1e-5)
+
+
+def test_val_bpb_is_the_hand_counted_loss_in_bits(fresh, tmp_path):
+    config, _, _, forward = fresh
+    run = runs.prepare(config, tmp_path / "run")
+    row = Evaluator(run).evaluate(run.state)
+    nll_sum = weight_sum = correct = 0.0
+    for batch in run.source.val_batches(config.train.batch_size, config.data.seq_len,
+                                        config.data.val_batches):
+        logits = np.asarray(forward(run.state, jnp.asarray(batch.inputs)))
+        nll, _ = numpy_nll(logits, np.asarray(batch.targets))
+        weights = np.asarray(batch.weights, np.float64)
+        nll_sum += (nll * weights).sum()
+        weight_sum += weights.sum()
+        correct += ((logits.argmax(-1) == batch.targets) * weights).sum()
+    nats = nll_sum / weight_sum
+    assert row["val/loss"] == pytest.approx(nats, rel=1e-5)
+    assert row["val/bpb"] == pytest.approx(nats / math.log(2), rel=1e-5)
+    assert row["val/accuracy"] == pytest.approx(correct / weight_sum, abs=1e-9)
+
+
+def test_eval_accuracy_counts_weighted_positions_only(fresh):
+    config, graphdef, state, forward = fresh
+    rng = np.random.default_rng(1)
+    inputs = rng.integers(0, 256, (2, config.data.seq_len)).astype(np.int32)
+    predicted = np.asarray(forward(state, jnp.asarray(inputs))).argmax(-1)
+    # Every unweighted position predicted right, one weighted position in three: the
+    # unweighted accuracy is far above the weighted one (an MQAR batch scores recall only).
+    weights = (np.arange(inputs.size).reshape(inputs.shape) % 2).astype(np.float32)
+    wrong = (predicted + 1) % 256
+    right_when_weighted = (np.arange(inputs.size).reshape(inputs.shape) % 3) == 0
+    targets = np.where((weights == 0) | right_when_weighted, predicted, wrong).astype(np.int32)
+    weighted = ((predicted == targets) * weights).sum() / weights.sum()
+    unweighted = (predicted == targets).mean()
+    assert abs(weighted - unweighted) > 0.2
+    batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets),
+             "weights": jnp.asarray(weights)}
+    loss_sum, weight, correct = jax.jit(steps.make_eval_step(graphdef))(state, batch)
+    assert float(weight) == weights.sum()
+    assert float(correct) / float(weight) == pytest.approx(weighted, abs=1e-9)
+    nll, _ = numpy_nll(np.asarray(forward(state, jnp.asarray(inputs))), targets)
+    assert float(loss_sum) == pytest.approx((nll * weights).sum(), rel=1e-5)
+
+
+def batch_of(config, seed, poison: bool = False) -> dict:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 256, (config.train.batch_size, config.data.seq_len + 1))
+    weights = np.ones(tokens[:, 1:].shape, np.float32)
+    if poison:  # one NaN weight: a non-finite loss and gradient, as a diverged run produces
+        weights[0, 0] = np.nan
+    return {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+            "targets": jnp.asarray(tokens[:, 1:], jnp.int32), "weights": jnp.asarray(weights)}
+
+
+def assert_bitwise_equal(a, b) -> None:
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b)
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        x, y = np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
+                          else x), np.asarray(y)
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+def test_a_non_finite_step_leaves_the_state_bitwise_unchanged(fresh):
+    config, graphdef, state, _ = fresh
+    step = jax.jit(steps.make_train_step(graphdef, make_optimizer(config), 0.0))
+    key = steps.dropout_key(0, 0)
+    good, metrics = step(state, batch_of(config, 0), key)
+    assert bool(metrics["train/finite"]) and int(good["step"]) == 1
+    before = jax.device_get(good)
+    after, metrics = step(good, batch_of(config, 1, poison=True), key)
+    assert not bool(metrics["train/finite"])
+    assert_bitwise_equal(jax.device_get(after), before)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"], ids=["lax_map", "vmap"])
+def test_a_diverged_member_is_frozen_and_its_neighbour_trains_on(fresh, backend):
+    config, graphdef, state, _ = fresh
+    solo = steps.make_train_step(graphdef, make_optimizer(config), 0.0)
+    members = jax.jit(steps.over_members(solo, backend))
+    stack = lambda *trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)  # noqa: E731
+    batches = stack(batch_of(config, 2), batch_of(config, 3, poison=True))
+    keys = jnp.stack([steps.dropout_key(0, 0), steps.dropout_key(1, 0)])
+    after, metrics = members(stack(state, state), batches, keys)
+    assert np.asarray(metrics["train/finite"]).tolist() == [True, False]
+    first, second = (jax.tree.map(lambda x, i=i: x[i], after) for i in (0, 1))
+    assert_bitwise_equal(jax.device_get(second), jax.device_get(state))
+    expected, _ = jax.jit(solo)(state, batch_of(config, 2), steps.dropout_key(0, 0))
+    for got, want in zip(jax.tree.leaves(first), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert int(first["step"]) == 1 and int(second["step"]) == 0
+
+
+def test_the_step_scales_its_update_by_the_state_lr(fresh):
+    """Adam's step does not depend on the learning rate, so doubling the state's lr doubles
+    every parameter's change (the peak lr is applied outside the optimiser)."""
+    config, graphdef, state, _ = fresh
+    settings = OptimizerSettings(steps=10, warmup_steps=0, grad_clip=1.0, weight_decay=0.1)
+    step = jax.jit(steps.make_train_step(graphdef, make_optimizer(settings), 0.0))
+    batch, key = batch_of(config, 4), steps.dropout_key(0, 0)
+    changes = []
+    for lr in (1e-3, 2e-3):
+        after, _ = step({**state, "lr": jnp.float32(lr)}, batch, key)
+        changes.append(jax.tree.map(lambda new, old: np.asarray(new, np.float64) - np.asarray(old),
+                                    after["params"], state["params"]))
+    for small, double in zip(jax.tree.leaves(changes[0]), jax.tree.leaves(changes[1]), strict=True):
+        np.testing.assert_allclose(double, 2 * small, rtol=1e-3, atol=1e-6)
+    assert max(np.abs(leaf).max() for leaf in jax.tree.leaves(changes[0])) > 0
