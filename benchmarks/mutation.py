@@ -159,8 +159,8 @@ MUTATIONS = [
     # --------------------------------------------------------------- report
     mutation("lr_sensitivity_uncapped", "report",
              "LR sensitivity does not cap a loss at the initial loss",
-             "scale_ablation/report.py", "min(r[\"final_val_loss\"], loss_init) if finite",
-             "r[\"final_val_loss\"] if finite", "tests/test_report.py", "-k", "wortsman"),
+             "scale_ablation/comparisons.py", "None if value is None else min(value, loss_init)",
+             "None if value is None else value", "tests/test_report.py", "-k", "wortsman"),
     # --------------------------------------------------------------- sharding
     mutation("no_fsdp", "sharding", "train.fsdp > 1 leaves every parameter replicated",
              *FSDP_OFF, *INSPECT),
