@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from scale_ablation import runtime
+from scale_ablation import provenance, runtime
 from scale_ablation.ensemble import MemberAxis
 from scale_ablation.evaluation import Evaluator
 from scale_ablation.optim import lr_multiplier
@@ -102,11 +102,24 @@ class Member:
         self.clock = Clock(self.tokens_per_step, (run.previous or {}).get("wall_seconds") or 0.0)
         self.summary: dict | None = None
         self.summary_fields: dict = {}  # what hooks found, added to summary.json at the end
+        self.parameter_counts = provenance.parameter_counts(run.state["params"])
+        self.train_tokens = provenance.train_tokens(run.source)
+        self._warn_if_repeated()
         self.trackers: RunTrackers = open_trackers(
             run.workdir, self.config.to_dict(),
             wandb=run_wandb_settings(run),
             resume_step=run.resume_step, enable=jax.process_index() == 0)
         self.last = {"train/loss": self._logged_train_loss(), "val/loss": None, "val/bpb": None}
+
+    def _warn_if_repeated(self) -> None:
+        """One line when the planned steps read the training split more than once: the final
+        loss then measures memorisation too, and memorisation grows with parameters."""
+        planned = provenance.consumption(self.config, self.parameter_counts,
+                                         self.config.train.steps, self.train_tokens)
+        if (planned["passes_over_data"] or 0) > 1:
+            print(f"{self.label}warning: {planned['tokens_seen']:,} training tokens are "
+                  f"{planned['passes_over_data']:.1f} passes over the {self.train_tokens:,}-token "
+                  "training split: the data repeats", flush=True)
 
     def _logged_train_loss(self) -> float | None:
         """A resumed run's train loss at its checkpoint, as logged then (None if not logged)."""
@@ -166,6 +179,8 @@ class Member:
             "wall_seconds": self.clock.wall_seconds,
             "tokens_per_second": self.clock.tokens_per_second,
             **self.summary_fields,
+            **provenance.consumption(self.config, self.parameter_counts, step, self.train_tokens),
+            "environment": _environment(),
             **extra,
         }
         self._close(summary)
@@ -182,6 +197,11 @@ class Member:
                         "wandb_run_id": self.trackers.wandb_run_id}
         self.trackers.finish(exit_code=1 if summary["status"] == "failed" else 0)
         self.checkpoints.close()
+
+
+@functools.cache
+def _environment() -> dict:
+    return provenance.environment()  # the same for every run of a process
 
 
 class PreemptionFlag:

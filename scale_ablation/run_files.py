@@ -28,6 +28,13 @@ SUMMARY_FIELDS = (
     "collapse_step",  # first collapse to the unigram loss, `instability.collapse_step`
     "wall_seconds",
     "tokens_per_second",
+    # What the run consumed and what reproduces it (`provenance`).
+    "parameters",
+    "non_embedding_parameters",
+    "tokens_seen",
+    "passes_over_data",
+    "train_flops",
+    "environment",  # package versions, git commit and dirty flag, device kind and count
     "wandb_run_id",
 )
 
