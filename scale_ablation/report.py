@@ -88,6 +88,10 @@ def summarise_run(run: dict) -> dict:
         "final_val_loss": summary.get("final_val_loss"),
         "diverged_at_step": summary.get("diverged_at_step"),
         **_instability(run, found),
+        # What the run consumed (absent from runs recorded before these fields existed).
+        **{field: summary.get(field) for field in ("parameters", "non_embedding_parameters",
+                                                   "tokens_seen", "passes_over_data",
+                                                   "train_flops")},
         "final_entropy": rm.layer_mean(last_diag, "entropy"),
         "final_entropy_normalised": rm.layer_mean(last_diag, "entropy_normalised"),
         "final_max_weight": rm.layer_mean(last_diag, "max_weight"),
@@ -164,16 +168,20 @@ def incomplete_runs(sweep_dir: str) -> list[tuple[str, str]]:
 
 
 def write_incomplete_notice(path: str, incomplete: list[tuple[str, str]]) -> None:
-    """Put the runs without a result at the top of the markdown report: the tables below
-    leave them out, and a reader must not take the tables for the whole grid."""
+    """Put the runs without a result at the top of the markdown report, after the noise-floor
+    line: the tables below leave them out, and a reader must not take them for the whole grid."""
     if not incomplete:
         return
     with open(path, encoding="utf-8") as f:
         body = f.read()
+    head, rest = ("", body)
+    if body.startswith("Noise floor"):
+        first, _, rest = body.partition("\n\n")
+        head = first + "\n\n"
     lines = [f"**{len(incomplete)} run(s) without a result, left out of the tables below:**", ""]
     lines += [f"- {name}: {status}" for name, status in incomplete]
     with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n\n" + body)
+        f.write(head + "\n".join(lines) + "\n\n" + rest)
 
 
 def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: list[dict]) -> None:

@@ -113,7 +113,7 @@ def test_a_sigkill_before_the_first_checkpoint_then_a_rerun_logs_each_step_once(
     killed = run_module("main", *main_args(workdir),
                         env={hooks.SIGNAL_AT_ENV: "4:SIGKILL"})
     assert killed.returncode == -9
-    assert [row["step"] for row in metric_rows(workdir)] == [0, 2]
+    assert [row["step"] for row in metric_rows(workdir)] == [0, 2, 4]  # killed after step 4's row
     assert not (workdir / "checkpoints").exists() or not os.listdir(workdir / "checkpoints")
     rerun = run_module("main", *main_args(workdir))
     assert rerun.returncode == 0, rerun.stderr
@@ -308,7 +308,8 @@ def test_a_sweep_with_a_failed_run_exits_4_and_reports_it_first(tmp_path):
               if entry["status"] != "completed"]
     assert len(failed) == 1 and "no_such_file" in failed[0]
     assert f"{failed[0]} (failed)" in result.stdout
-    first_lines = (sweep_dir / "report" / "summary.md").read_text().splitlines()[:4]
+    # After the noise-floor line (when the sweep has one), before any table.
+    first_lines = (sweep_dir / "report" / "summary.md").read_text().splitlines()[:6]
     assert any(failed[0] in line and "failed" in line for line in first_lines)
 
 
