@@ -22,7 +22,6 @@ class Progress:
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty()  # a terminal: rewrite one line instead of adding lines
         self.interval = interval
-        self._last_step_line = -float("inf")
 
     def _print(self, text: str) -> None:
         if self.live:
@@ -46,13 +45,18 @@ class Progress:
 
     def step_hook(self, label: str) -> Periodic:
         """A hook for the runs of one group: their shared step, tokens per second and ETA, at
-        most every `interval` seconds (on a terminal: every step, on one rewritten line)."""
+        its first and last step and at most every `interval` seconds between (on a terminal:
+        every step, on one rewritten line)."""
+
+        # This group's last line: time and step (its members share the step: one line each).
+        last_line = {"time": -float("inf"), "step": -1}
 
         def report(member: Member, tick: Tick) -> None:
             now = time.perf_counter()
-            if not self.live and now - self._last_step_line < self.interval and not tick.last:
+            if tick.step == last_line["step"] or (
+                    not self.live and now - last_line["time"] < self.interval and not tick.last):
                 return
-            self._last_step_line = now
+            last_line.update(time=now, step=tick.step)
             clock, total = member.clock, member.config.train.steps
             rate = f"{clock.tokens_per_second:,.0f} tok/s" if clock.tokens_per_second else "-"
             eta = (f"{(total - tick.step) * clock.seconds / clock.steps:.0f}s"

@@ -134,7 +134,10 @@ def checkpoint_steps(run_dir: pathlib.Path) -> list[int]:
 
 
 def printed_steps(stdout: str, total: int) -> list[int]:
-    return [int(m) for m in re.findall(rf"^step (\d+)/{total}\b", stdout, re.MULTILINE)]
+    """The steps of the sweep's progress lines for a run of `total` steps (the first step a
+    process trains and the last are always printed)."""
+    return [int(m) for m in re.findall(rf"^\[sweep\] .+?: step (\d+)/{total}\b", stdout,
+                                       re.MULTILINE)]
 
 
 # --------------------------------------------------------------------------- in process
