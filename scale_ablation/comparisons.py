@@ -201,6 +201,14 @@ def _loss_or_init(row: dict, loss_init: float) -> float | None:
     return None if value is None else min(value, loss_init)
 
 
+def _initial_loss(by_lr: dict[float, list[dict]]) -> float | None:
+    """The mean initial validation loss of a curve's runs; None for a curve of fewer than two
+    learning rates or without step-0 evaluations (no sensitivity to measure)."""
+    init = [r["initial_val_loss"] for runs in by_lr.values() for r in runs
+            if r.get("initial_val_loss") is not None]
+    return statistics.fmean(init) if len(by_lr) >= 2 and init else None
+
+
 def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
     """Wortsman et al. 2023: E_lr[min(loss(lr), loss_init) − min_lr loss(lr)], per setting and
     d_k, from final validation losses (a diverged run counts as loss_init, the mean initial
@@ -208,11 +216,8 @@ def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
     its runs (seeds)."""
     out = {}
     for (name, d_k), by_lr in curves(rows).items():
-        init = [r["initial_val_loss"] for runs in by_lr.values() for r in runs
-                if r.get("initial_val_loss") is not None]
-        if len(by_lr) < 2 or not init:
+        if (loss_init := _initial_loss(by_lr)) is None:
             continue
-        loss_init = statistics.fmean(init)
         losses = {lr: [v for r in runs if (v := _loss_or_init(r, loss_init)) is not None]
                   for lr, runs in by_lr.items()}
         losses = {lr: v for lr, v in losses.items() if v}
@@ -226,11 +231,8 @@ def lr_sensitivity_by_seed(rows: list[dict]) -> dict[tuple[str, int], dict[int, 
     that the metric gets a CI over seeds and pairs by seed across policies."""
     out: dict = {}
     for (name, d_k), by_lr in curves(rows).items():
-        init = [r["initial_val_loss"] for runs in by_lr.values() for r in runs
-                if r.get("initial_val_loss") is not None]
-        if len(by_lr) < 2 or not init:
+        if (loss_init := _initial_loss(by_lr)) is None:
             continue
-        loss_init = statistics.fmean(init)
         per_seed: dict = defaultdict(dict)
         for lr, runs in by_lr.items():
             for r in runs:
