@@ -94,6 +94,11 @@ def main(argv: list[str]) -> int:
         return 2
     if config.train.get("compilation_cache", True):
         runtime.enable_compilation_cache(_WORKDIR.value)
+    return _train(config, extra_hooks)
+
+
+def _train(config, extra_hooks) -> int:
+    """The run, with each way it can end turned into one line and an exit code."""
     try:
         summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks, extend=_EXTEND.value)
     except OSError as error:
