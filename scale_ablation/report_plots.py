@@ -122,6 +122,11 @@ def plot_curves(runs: list[dict], rows: list[dict], key_fn, ylabel: str, path: s
         ax.set_title(f"d_k = {d_k}")
         ax.set_xlabel("step")
         _legend(ax, loc="upper right")
+    _save(fig, axes, ylabel, path)
+
+
+def _save(fig, axes, ylabel: str, path: str) -> None:
+    """A row of panels out to PNG, the y label on the first."""
     axes[0][0].set_ylabel(ylabel)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -216,9 +221,7 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
         ax.set_title(f"d_k = {d_k}")
         ax.set_xlabel("learning rate")
         _legend(ax, loc="best")
-    axes[0][0].set_ylabel(ylabel)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, axes, ylabel, path)
 
 
 def _mark_unstable(ax, by_lr: dict[float, list[dict]], means: dict[float, float],

@@ -1,8 +1,26 @@
-"""Small helpers shared by the tests that look at run directories."""
+"""Small helpers shared by the tests: a tiny run config, and looking at run directories."""
 
 import hashlib
 import json
 import pathlib
+
+from scale_ablation import experiment
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+QUICK = str(REPO / "experiments" / "base.py") + ":quick"
+# Ten steps of a model that compiles in about a second: logs at 2, 4, ..., evaluates and
+# checkpoints at 5 and 10; no diagnostics, no W&B.
+TINY_RUN = {
+    "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
+    "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4, "train.steps": 10,
+    "train.log_every": 2, "train.eval_every": 5, "train.diag_every": 0, "checkpoint.every": 5,
+    "wandb.mode": "disabled",
+}
+
+
+def tiny_config(**overrides):
+    """The quick experiment shrunk to TINY_RUN, with `overrides` (dotted keys) on top."""
+    return experiment.apply_overrides(experiment.load_config(QUICK), {**TINY_RUN, **overrides})
 
 
 def read_json(path) -> dict:

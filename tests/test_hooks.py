@@ -1,27 +1,14 @@
 """Hooks: periodic work added to a run with one function and one line, and the fault-injection
 hook that stops a run at a chosen step."""
 
-import pathlib
 from types import SimpleNamespace
 
 import pytest
-from helpers import read_json
+from helpers import TINY_RUN as TINY
+from helpers import read_json, tiny_config
 
-from scale_ablation import baselines, experiment, hooks, train
+from scale_ablation import baselines, hooks, train
 from scale_ablation.run_files import RunFiles
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-QUICK = str(REPO / "experiments" / "base.py") + ":quick"
-TINY = {
-    "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-    "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4, "train.steps": 10,
-    "train.log_every": 2, "train.eval_every": 5, "train.diag_every": 0, "checkpoint.every": 5,
-    "wandb.mode": "disabled",
-}
-
-
-def tiny_config(**overrides):
-    return experiment.apply_overrides(experiment.load_config(QUICK), {**TINY, **overrides})
 
 
 def test_a_new_periodic_hook_is_one_function_and_one_line(tmp_path):

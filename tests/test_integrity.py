@@ -18,28 +18,18 @@ import sys
 import textwrap
 
 import pytest
-from helpers import read_json, snapshot
+from helpers import QUICK, REPO, read_json, snapshot, tiny_config
+from helpers import TINY_RUN as TINY
 
 from scale_ablation import checkpoints, experiment, hooks, locking, report, sweep, train
 from scale_ablation.config import ConfigError, validate
 from scale_ablation.run_files import RunFiles
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-QUICK = str(REPO / "experiments" / "base.py") + ":quick"
-TINY = {
-    "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-    "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4, "train.steps": 10,
-    "train.log_every": 2, "train.eval_every": 5, "train.diag_every": 0, "checkpoint.every": 5,
-    "wandb.mode": "disabled",
-}
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 # absl log lines (WARNING:absl:..., W0101 12:00:00.0 ...) are not the error report.
 ABSL_LOG = re.compile(r"^(WARNING|[WIE]\d{4} )")
 RESULT_FIELDS = ("steps_completed", "final_train_loss", "final_val_loss", "final_val_bpb")
 
-
-def tiny_config(**overrides):
-    return experiment.apply_overrides(experiment.load_config(QUICK), {**TINY, **overrides})
 
 
 def results(summary: dict) -> dict:
