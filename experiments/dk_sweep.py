@@ -1,21 +1,41 @@
-r"""The central ablation: scale policies × d_k at a fixed model width (article claim 3).
+r"""The central ablation: scale policies × d_k, with the model's width held fixed or not (claim 3).
 
-  python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk_sweep_quick
+  python -m scale_ablation.sweep --config=experiments/dk_sweep.py:cpu --workdir=runs/dk_sweep_cpu
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py --workdir=runs/dk_sweep
 
-The article says every scale but 1/√d_k diverged or oscillated within 500 steps. Here each
-policy trains at d_k ∈ {16, 64, 256, 1024} with num_heads × head_dim decoupled from d_model, and
-the report gives final validation bits per byte, the divergence step and attention diagnostics.
-`quick` (one seed, 64 runs) fits a 2-core CPU; the default is sized for one GPU.
-A policy of your own joins the grid at every d_k with no edit here (README, "Add your policy and
-sweep it"): add `--imports=my_policy.py --add_policies=my_policy` to the sweep command.
+The article says every scale but 1/√d_k diverged or oscillated within 500 steps. Changing d_k
+changes more than the scale's argument, so every d_k point belongs to one of two arms:
 
-The init is an axis too (`model.init`, one table row per policy and init): which scale is best
-depends on how q and k start (the article's pitfall 1). `fan_in` gives q and k unit-variance
-entries at every d_k, the article's premise; `gpt2` (std 0.02) gives entries of std
-0.02·√d_model, so 1/√d_k logits start with std 0.02²·d_model instead of 1 (0.03 at the quick
-d_model 64, 0.2 at 512), as in the GPT-2-style models most results are quoted for. To drop
-the axis, set INITS to one of them.
+- **fixed width**: num_heads × d_k = d_model, the usual Transformer. Parameters and FLOPs stay
+  (nearly) constant, so a loss that changes with d_k is the scale's doing, or the head count's.
+- **fixed heads**: num_heads is held and the attention width num_heads × d_k grows with d_k, as
+  in the first version of this sweep. It reaches the large d_k where the article's argument
+  bites, at the price of more parameters: each run's summary and the report give parameters,
+  non-embedding parameters, tokens, passes over the data and FLOPs, so the two can be told apart.
+
+A point with num_heads × d_k = d_model belongs to both arms and runs once. Each run's overrides
+carry `model.num_heads`, so the report's variants (`none (num_heads=8)`) name the arm's cell.
+
+Variants:
+- `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed
+  width) and 1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and
+  1/d_k, against 1/√d_k; LR grid {1e-3, 3e-3, 1e-2} × 3 seeds: 81 runs of 600 steps, about an
+  hour on 2 cores. The other policies (1/log d_k, a constant, learned, QK-LayerNorm,
+  log-length) and the init axis are left to `gpu`: on 2 cores three seeds at three LRs of three
+  policies is what fits, and a grid of eight policies at one seed would sit at noise level.
+- default (one accelerator): d_model 512, fixed width at d_k 16…512 and fixed heads (4) at d_k
+  16…1024, every policy, both inits, three seeds, 3000 steps. It reads `data.source` from the
+  `gpu` base variant; its token budget should not repeat the corpus (the report warns if it does).
+- `quick` (smoke test, one seed): the same structure at d_model 64.
+
+The init is an axis of `quick` and the default (`model.init`): which scale is best depends on
+how q and k start (the article's pitfall 1). `fan_in` gives q and k unit-variance entries at
+every d_k, the article's premise; `gpt2` (std 0.02) gives entries of std 0.02·√d_model, so
+1/√d_k logits start with std 0.02²·d_model instead of 1, as in the GPT-2-style models most
+results are quoted for.
+
+A policy of your own joins the grid at every cell with no edit here (README, "Add your policy and
+sweep it"): add `--imports=my_policy.py --add_policies=my_policy` to the sweep command.
 """
 
 from experiments import base
@@ -24,14 +44,17 @@ from scale_ablation import claims as claims_lib
 OTHER_SCALES = ("none", "inv_dk", "inv_log_dk", "const:0.1")  # the article's §1 alternatives
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned", "qk_layernorm",
             "log_length")
-HEAD_DIMS = (16, 64, 256, 1024)
+CPU_POLICIES = ("inv_sqrt_dk", "none", "inv_dk")  # the reference and the article's named two
+HEAD_DIMS = (16, 64, 256, 1024)  # the fixed-heads arm's d_k (default; quick: its ends)
+FIXED_HEADS = {"quick": 2, "cpu": 1, None: 4}
 INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and GPT-2's
+CPU_LRS = (1e-3, 3e-3, 1e-2)
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg)
-    config = base.get_config("gpu" if arg != "quick" else "quick")
-    config.model.num_heads = 2 if arg == "quick" else 4
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    config = base.get_config({None: "gpu"}.get(arg, arg))
+    config.model.num_heads = FIXED_HEADS[arg]
     config.wandb.tags = ("dk_sweep",)
     if arg == "quick":
         config.train.steps = 120
@@ -40,32 +63,57 @@ def get_config(arg: str | None = None):
         config.train.eval_every = 20
         config.train.diag_every = 40
         config.checkpoint.every = 60
-    else:
+    elif arg is None:
         config.train.steps = 3000
     return config
 
 
+def cells(arg: str | None = None) -> list[tuple[int, int]]:
+    """(num_heads, d_k) of every point: the fixed-width arm first, then fixed heads, each once."""
+    d_model = get_config(arg).model.d_model
+    if arg == "cpu":
+        fixed_width, fixed_heads_dims = (16, 128), (128, 512)
+    elif arg == "quick":
+        fixed_width, fixed_heads_dims = (16, d_model), (HEAD_DIMS[0], HEAD_DIMS[-1])
+    else:
+        fixed_width = tuple(d for d in (*HEAD_DIMS, d_model) if d <= d_model)
+        fixed_heads_dims = HEAD_DIMS
+    out = [(d_model // d, d) for d in sorted(set(fixed_width))]
+    out += [(FIXED_HEADS[arg], d) for d in fixed_heads_dims]
+    return list(dict.fromkeys(out))
+
+
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg == "cpu":
+        return [
+            {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
+             "train.lr": lr, "train.seed": seed}
+            for policy in CPU_POLICIES for heads, head_dim in cells(arg)
+            for lr in CPU_LRS for seed in (0, 1, 2)
+        ]
     seeds = (0,) if arg == "quick" else (0, 1, 2)
     return [
-        {"policy": policy, "model.head_dim": head_dim, "model.init": init, "train.seed": seed}
+        {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
+         "model.init": init, "train.seed": seed}
         for init in INITS
         for policy in POLICIES
-        for head_dim in HEAD_DIMS
+        for heads, head_dim in cells(arg)
         for seed in seeds
     ]
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
-    # One learning rate here: lr_sensitivity.py compares the policies each at its best LR.
+    others = tuple(p for p in OTHER_SCALES if p in (CPU_POLICIES if arg == "cpu" else POLICIES))
+    large = 128 if arg == "cpu" else 256
+    at = "best_lr" if arg == "cpu" else "each_lr"  # the default has one LR: lr_sensitivity tunes
     return [
         claims_lib.Claim(
             "Scale 1, 1/d_k, 1/log d_k and a fixed 0.1 diverged or oscillated; only 1/√d_k "
             "trained smoothly (at large d_k)",
-            claims_lib.Unstable(OTHER_SCALES, expect_unstable=True, min_d_k=256),
+            claims_lib.Unstable(others, expect_unstable=True, min_d_k=large),
             source="article §1"),
         claims_lib.Claim(
             "At large d_k every other scale ends worse than 1/√d_k",
-            claims_lib.Compare("worse", policies=OTHER_SCALES, at="each_lr", min_d_k=256),
+            claims_lib.Compare("worse", policies=others, at=at, min_d_k=large),
             source="article §1"),
     ]

@@ -14,7 +14,7 @@ HEAD_DIMS = (16, 64, 256, 1024)
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg)
+    base.check_variant(__file__, arg, ("quick", "gpu"))
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("learned_scale",)
     config.train.diag_every = 20 if arg == "quick" else 100

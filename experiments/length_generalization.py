@@ -13,7 +13,7 @@ from experiments import base
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg)
+    base.check_variant(__file__, arg, ("quick", "gpu"))
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("length_generalization",)
     config.model.positions = "rotary"

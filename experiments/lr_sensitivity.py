@@ -7,7 +7,11 @@ learning rate, and final loss against LR is the curve Wortsman et al. plot. The 
 policy and d_k, the best LR (flagged when it sits on the grid's edge), the loss there with a 95%
 CI over seeds, the LR-sensitivity metric E_lr[min(loss(lr), loss_init) − min_lr loss(lr)], and
 max |attention logit| per layer over training and against LR, the growth that QK-LayerNorm is
-meant to prevent. `quick` is a smoke-level check sized for a few minutes on a 2-core CPU.
+meant to prevent.
+
+Variants: `cpu` (the study for 2 cores: the base CPU model, 4 heads × d_k 32 = d_model 128,
+600 steps; 4 policies × 7 LRs × 3 seeds = 84 runs, about an hour and a quarter), default (one
+accelerator, d_k 64 and 256) and `quick` (smoke-level, a few minutes on 2 cores).
 """
 
 import numpy as np
@@ -20,9 +24,10 @@ POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "qk_layernorm")
 
 def get_config(arg: str | None = None):
     base.check_variant(__file__, arg)
-    config = base.get_config("quick" if arg == "quick" else "gpu")
+    config = base.get_config({None: "gpu"}.get(arg, arg))
     config.wandb.tags = ("lr_sensitivity",)
-    config.train.diag_every = 20 if arg == "quick" else 100  # logit growth needs a time series
+    # Logit growth needs a time series.
+    config.train.diag_every = {"quick": 20, "cpu": 25}.get(arg, 100)
     if arg == "quick":
         config.train.steps = 100
         config.train.log_every = 5  # spikes are judged on the logged training loss
@@ -33,13 +38,12 @@ def get_config(arg: str | None = None):
 
 def lr_grid(arg: str | None = None) -> list[float]:
     """Log-spaced, 3e-4 .. 1: wide enough that every policy's best learning rate is interior."""
-    points = 7 if arg == "quick" else 9
+    points = 7 if arg in ("quick", "cpu") else 9
     return [float(f"{lr:.3g}") for lr in np.logspace(-3.5, 0.0, points)]
 
 
 def sweep(arg: str | None = None) -> list[dict]:
-    quick = arg == "quick"
-    head_dims = (64,) if quick else (64, 256)
+    head_dims = {"quick": (64,), "cpu": (32,)}.get(arg, (64, 256))
     seeds = (0, 1, 2)
     return [
         {"policy": policy, "model.head_dim": head_dim, "train.lr": lr, "train.seed": seed}

@@ -12,7 +12,7 @@ POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "const:0.1", "learned", "qk_layerno
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg)
+    base.check_variant(__file__, arg, ("quick", "gpu"))
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("mqar",)
     config.data.source = "mqar"

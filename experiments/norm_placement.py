@@ -17,7 +17,7 @@ VARIANTS = (
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg)
+    base.check_variant(__file__, arg, ("quick", "gpu"))
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("norm_placement",)
     return config

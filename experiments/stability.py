@@ -10,7 +10,7 @@ from experiments import base
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg)
+    base.check_variant(__file__, arg, ("quick", "gpu"))
     config = base.get_config("quick" if arg == "quick" else "gpu")
     config.wandb.tags = ("stability",)
     config.train.lr = 1e-2 if arg == "quick" else 3e-3

@@ -1,4 +1,4 @@
-"""Every experiment file in experiments/, default and `quick` variants, resolves to valid runs.
+"""Every experiment file in experiments/, default, `quick` and `cpu` variants, resolves to valid runs.
 
 Files are globbed, so a new experiment is covered without touching this file. A training
 experiment's grid must apply cleanly (no unknown field), give unique run names, and resolve to
@@ -8,19 +8,21 @@ define `run(config, workdir)`) train nothing and have no grid to check.
 
 from __future__ import annotations
 
-import itertools
 import os
 import pathlib
 
 import ml_collections
 import pytest
+from flax import nnx
 
-from scale_ablation import claims, experiment, policies
+from scale_ablation import claims, experiment, policies, provenance
 from scale_ablation.config import layer_policy_specs, validate
+from scale_ablation.model import build_model
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
 VARIANTS = (None, "quick")
+CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity")  # the experiments sized for 2 cores
 
 # The issue's specification of the central ablation, written out here rather than imported.
 DK_SWEEP_POLICIES = (
@@ -50,7 +52,7 @@ def get(config: ml_collections.ConfigDict, dotted: str):
 CASES = [
     pytest.param(path, variant, id=f"{path.stem}:{variant or 'default'}")
     for path in EXPERIMENT_FILES
-    for variant in VARIANTS
+    for variant in (*VARIANTS, *(("cpu",) if path.stem in CPU_STUDIES else ()))
 ]
 
 
@@ -105,18 +107,59 @@ def test_grid_resolves_to_valid_runs(path, variant):
         assert name and os.sep not in name and name not in (".", ".."), f"bad run dir {name!r}"
 
 
-def test_quick_dk_sweep_covers_every_policy_at_every_head_dim_and_init():
-    spec = spec_of(REPO / "experiments" / "dk_sweep.py", "quick")
+def dk_sweep_points(variant: str | None) -> list[ml_collections.ConfigDict]:
+    spec = spec_of(REPO / "experiments" / "dk_sweep.py", variant)
     base = experiment.load_config(spec)
-    pairs = []
-    for overrides in experiment.load_grid(spec):
-        config = experiment.apply_overrides(base, overrides)
-        pairs.append((config.policy, config.model.head_dim, config.model.init))
-    expected = set(itertools.product(DK_SWEEP_POLICIES, DK_SWEEP_HEAD_DIMS, ("fan_in", "gpt2")))
-    assert set(pairs) == expected
-    # Each cell once per seed: the same number of points in every cell.
-    counts = {pair: pairs.count(pair) for pair in expected}
-    assert len(set(counts.values())) == 1, counts
+    return [experiment.apply_overrides(base, overrides)
+            for overrides in experiment.load_grid(spec)]
+
+
+@pytest.mark.parametrize("variant", [None, "quick", "cpu"])
+def test_dk_sweep_has_a_fixed_width_and_a_fixed_heads_arm(variant):
+    configs = dk_sweep_points(variant)
+    d_model = {c.model.d_model for c in configs}
+    assert len(d_model) == 1, "d_model is what the fixed-width arm holds: one value per variant"
+    d_model = d_model.pop()
+    heads_of_base = experiment.load_config(
+        spec_of(REPO / "experiments" / "dk_sweep.py", variant)).model.num_heads
+    cells = {(c.model.num_heads, c.model.head_dim) for c in configs}
+    fixed_width = {d for h, d in cells if h * d == d_model}
+    fixed_heads = {d for h, d in cells if h == heads_of_base}
+    assert len(fixed_width) >= 2 and len(fixed_heads) >= 2, cells
+    assert all(h * d == d_model or h == heads_of_base for h, d in cells), cells
+    assert max(fixed_heads) > d_model, "the fixed-heads arm reaches d_k beyond the width"
+    # Every policy (and init) at every cell, the same number of times.
+    keys = [(c.policy, c.model.num_heads, c.model.head_dim, c.model.init) for c in configs]
+    expected = {(policy, *cell, init) for policy in {c.policy for c in configs}
+                for cell in cells for init in {c.model.init for c in configs}}
+    assert set(keys) == expected
+    assert len({keys.count(k) for k in expected}) == 1
+
+
+def test_quick_and_default_dk_sweeps_cover_every_policy_and_both_inits():
+    for variant in (None, "quick"):
+        configs = dk_sweep_points(variant)
+        assert {c.policy for c in configs} == set(DK_SWEEP_POLICIES)
+        assert {c.model.init for c in configs} == {"fan_in", "gpt2"}
+    default = {c.model.head_dim for c in dk_sweep_points(None) if c.model.num_heads == 4}
+    assert default == set(DK_SWEEP_HEAD_DIMS)
+
+
+def test_fixed_width_holds_the_parameter_count_and_fixed_heads_grows_it():
+    """Counted from built models: the fixed-width arm's cells have equal parameter counts (the
+    point of the control), and the fixed-heads arm's grow with d_k."""
+    configs = dk_sweep_points("cpu")
+    counts = {}
+    for c in configs:
+        cell = (c.model.num_heads, c.model.head_dim)
+        if cell not in counts:
+            model = build_model(validate(c), nnx.Rngs(0))
+            counts[cell] = provenance.parameter_counts(nnx.state(model, nnx.Param))["parameters"]
+    d_model = configs[0].model.d_model
+    width = [n for (h, d), n in sorted(counts.items(), key=lambda kv: kv[0][1]) if h * d == d_model]
+    heads = [n for (h, d), n in sorted(counts.items(), key=lambda kv: kv[0][1]) if h == 1]
+    assert len(width) >= 2 and len(set(width)) == 1, counts
+    assert len(heads) >= 2 and heads == sorted(heads) and heads[0] < heads[-1], counts
 
 
 @pytest.mark.parametrize(

@@ -108,9 +108,10 @@ def test_add_policies_gives_the_dk_sweep_one_more_policy():
     # The grid the experiment file would have with the policy in its own list: built here from
     # its constants, not by the code under test. "none" is there already and is not repeated.
     expected = [
-        {"policy": policy, "model.head_dim": head_dim, "model.init": init, "train.seed": 0}
+        {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
+         "model.init": init, "train.seed": 0}
         for policy_list in (dk_sweep.POLICIES, ("mine:0.75",)) for init in dk_sweep.INITS
-        for policy in policy_list for head_dim in dk_sweep.HEAD_DIMS
+        for policy in policy_list for heads, head_dim in dk_sweep.cells("quick")
     ]
     assert grid == expected
     assert [list(point) for point in grid] == [list(point) for point in expected]  # key order

@@ -96,9 +96,9 @@ def test_the_readme_takes_a_new_policy_file_to_a_sweep_report(tmp_path):
     result = run(plan)
     assert result.returncode == 0, result.stderr
     runs = dk_sweep.sweep("quick")
-    added = [experiment.run_name({"policy": "inv_dk_pow:0.75", "model.head_dim": d,
-                                   "model.init": init, "train.seed": 0})
-             for init in dk_sweep.INITS for d in dk_sweep.HEAD_DIMS]
+    added = [experiment.run_name({"policy": "inv_dk_pow:0.75", "model.num_heads": h,
+                                   "model.head_dim": d, "model.init": init, "train.seed": 0})
+             for init in dk_sweep.INITS for h, d in dk_sweep.cells("quick")]
     names = re.findall(r"^\s+pending\s+(\S+)$", result.stdout, re.MULTILINE)
     assert names[-len(added):] == added and len(names) == len(runs) + len(added)
     assert result.stdout.count(f"--imports={policy_file}") == len(names)
