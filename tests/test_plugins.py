@@ -243,7 +243,13 @@ def test_wandb_sweep_definition_carries_the_imports(tmp_path):
                  f"--imports={user_file}", "--add_policies=w_half", f"--out={out}")
     assert result.returncode == 0, result.stderr
     definition = yaml.safe_load(out.read_text())
-    assert definition["parameters"]["config.policy"]["values"] == [*dk_sweep.POLICIES, "w_half"]
+    # The d_k sweep's cells pair num_heads with d_k (its two arms), so the grid is not a product
+    # and W&B enumerates a table of named points: the file's points, then the added policy at
+    # every cell and init.
+    names = definition["parameters"]["point"]["values"]
+    added = [n for n in names if n.startswith("policy=w_half,")]
+    assert len(names) == len(dk_sweep.sweep("quick")) + len(added)
+    assert len(added) == len(dk_sweep.cells("quick")) * len(dk_sweep.INITS)
     assert f"--imports={user_file} --workdir=" in definition["command"][3]
     # Without the import the added policy is unknown: refused here, not in every W&B run.
     result = run("launch/wandb_sweep.py", "--config=experiments/dk_sweep.py:quick",
