@@ -4,16 +4,15 @@ built here from the same texts, determinism, per-process shards, validation, exa
 
 import zlib
 
+import datasets  # the [hf] extra, part of the [test] extra
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from helpers import tiny_config
 
 from scale_ablation import data, hf_data, hooks, train
 from scale_ablation.run_files import RunFiles
-from tests.helpers import tiny_config
-
-datasets = pytest.importorskip("datasets")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 
 SHARDS = 4
 
@@ -179,8 +178,8 @@ def metric_rows(workdir):
 
 def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(corpus_dir, tmp_path,
                                                                   monkeypatch, capsys):
-    # Blocks of 8 windows (two steps): the run stopped at step 7 resumes from its checkpoint at
-    # step 5 inside block 2, so blocks 0 and 1 are skipped on the way.
+    # Blocks of 8 windows (two steps): the run preempted after step 7 (SIGTERM: it checkpoints
+    # there) resumes in a later block, reading and skipping the blocks before it.
     monkeypatch.setattr(hf_data, "SHUFFLE_WINDOWS", 8)
     config = tiny_config(**{"data.source": f"hf:{corpus_dir}"})
     whole = train.train(config, tmp_path / "whole")
