@@ -1,7 +1,8 @@
 """Byte-level data sources (vocabulary 256): Shakespeare, local text, MQAR and Hugging Face.
 
 Every batch is a pure function of (seed, step): a resumed run, or a process of a multi-host run,
-sees exactly the rows an uninterrupted single-process run would have seen. Validation sets are
+sees exactly the rows an uninterrupted single-process run would have seen (`hf:` streams a shard
+per process, so its global batch depends on the process count: see `hf_data`). Validation sets are
 fixed (independent of the seed) so runs with different seeds are scored on the same bytes.
 
     source = data.make_source(config.data, seed=config.train.seed)

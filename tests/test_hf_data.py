@@ -18,11 +18,13 @@ SHARDS = 4
 
 
 @pytest.fixture(autouse=True)
-def offline(monkeypatch):
-    """No test here may reach the network."""
+def offline(monkeypatch, tmp_path_factory):
+    """No test here may reach the network, nor leave files in the user's cache."""
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.setenv(name, "1")
         monkeypatch.setattr(datasets.config, name, True)
+    cache = tmp_path_factory.getbasetemp() / "hf_cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
 
 
 def make_texts(count: int, seed: int) -> list[str]:

@@ -15,7 +15,7 @@ PASSES = {"run_a": 20.4, "run_b": 1.02, "run_c": 3.5, "run_d": 0.3, "run_e": 34.
           "run_f": 2.25, "run_g": 1.5, "run_h": 7.0, "run_i": None}
 
 
-def write_run(sweep, name: str, passes: float | None, seed: int) -> None:
+def write_run(sweep, name: str, passes: float | None, seed: int, status="completed") -> None:
     config = base.get_config("quick").to_dict()
     config["train"]["seed"] = seed
     config["wandb"]["mode"] = "disabled"
@@ -26,7 +26,7 @@ def write_run(sweep, name: str, passes: float | None, seed: int) -> None:
         loss = final + 2.0 * math.exp(-step / 20)
         files.append_metrics(step, {"train/loss": loss, "val/loss": loss,
                                     "val/bpb": loss / math.log(2)})
-    files.write_summary({"status": "completed", "steps_completed": 60, "final_val_loss": final,
+    files.write_summary({"status": status, "steps_completed": 60, "final_val_loss": final,
                          "final_val_bpb": final / math.log(2), "diverged_at_step": None,
                          "passes_over_data": passes})
 
@@ -35,6 +35,7 @@ def test_runs_that_repeat_their_data_are_named_in_the_first_lines(tmp_path):
     sweep = tmp_path / "sweep"
     for seed, (name, passes) in enumerate(PASSES.items()):
         write_run(sweep, name, passes, seed)
+    write_run(sweep, "run_failed", 0.5, len(PASSES), status="failed")
     out = report.write_report(str(sweep))
     lines = (sweep / "report" / "summary.md").read_text().splitlines()
     assert out == str(sweep / "report")
@@ -52,6 +53,9 @@ def test_runs_that_repeat_their_data_are_named_in_the_first_lines(tmp_path):
         assert name not in line
     assert f"and {len(repeated) - report.NAMED_RUNS} more" in line
     assert "run_d" not in line and "run_i" not in line
+    # Then the runs without a result, as before.
+    notice = next(i for i, text in enumerate(lines) if "without a result" in text)
+    assert notice > warnings[0] and "- run_failed: failed" in lines[notice:notice + 4]
 
 
 def test_no_warning_when_every_run_reads_less_than_a_pass(tmp_path):
