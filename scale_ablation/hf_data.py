@@ -98,18 +98,19 @@ def open_corpus(arg: str) -> Corpus:
         raise ValueError(f"data.source {spec}: {type(error).__name__}: {reason}") from None
     if "train" not in splits:
         raise ValueError(f"data.source {spec} has no train split (it has {', '.join(splits)})")
-    train = splits["train"]
-    features = train.features or {}
-    if TEXT not in features:
+    train, validation = splits["train"], splits.get("validation")
+    features = train.features  # None when only reading the data would tell
+    if features is not None and TEXT not in features:
         raise ValueError(f"data.source {spec}: the train split has no {TEXT!r} column "
                          f"(it has {', '.join(features) or 'none'})")
-    validation = splits.get("validation")
+    if features is not None:  # decode the text column alone
+        train = train.select_columns([TEXT])
+        if validation is not None:
+            validation = validation.select_columns([TEXT])
     split_info = (train.info.splits or {}).get("train")
-    known = (validation is not None and set(features) == {TEXT} and split_info is not None
-             and split_info.num_bytes)
-    return Corpus(spec, train.select_columns([TEXT]),
-                  None if validation is None else validation.select_columns([TEXT]),
-                  int(split_info.num_bytes) if known else None)
+    known = (validation is not None and features is not None and set(features) == {TEXT}
+             and split_info is not None and split_info.num_bytes)
+    return Corpus(spec, train, validation, int(split_info.num_bytes) if known else None)
 
 
 def _rows(dataset: Any, keep: Callable[[str | None], bool] | None = None) -> Iterator[bytes]:
@@ -132,13 +133,14 @@ class WindowReader:
         self.windows_read = 0
 
     def _more(self) -> None:
-        for row in self._rows:
+        row = next(self._rows, None)
+        if row is not None:
             self._pending += row
             self._pass_bytes += len(row)
             return
         if self._pass_bytes == 0:
             raise ValueError(f"{self._what} is empty")
-        self._rows, self._pass_bytes = self._open_pass(), 0
+        self._rows, self._pass_bytes = self._open_pass(), 0  # the next pass
 
     def read(self, count: int) -> np.ndarray:
         """The next `count` windows, [count, width] uint8."""
