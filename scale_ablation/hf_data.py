@@ -94,7 +94,8 @@ def open_corpus(arg: str) -> Corpus:
     try:
         splits = datasets.load_dataset(path, config or None, streaming=True)
     except Exception as error:  # the library raises many kinds; all mean "cannot open this"
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = " ".join(lines[:2])  # what went wrong and, often, what to pick instead
         raise ValueError(f"data.source {spec}: {type(error).__name__}: {reason}") from None
     if "train" not in splits:
         raise ValueError(f"data.source {spec} has no train split (it has {', '.join(splits)})")

@@ -173,6 +173,34 @@ def test_bad_hf_sources_are_one_line_errors(tmp_path):
         data.make_source(config_of(tmp_path / "no_text"), seed=0)
 
 
+def test_a_named_configuration_is_read_with_its_own_size(tmp_path):
+    """`hf:PATH:CONFIG` on the hub's multi-configuration layout (as Salesforce/wikitext has):
+    one folder per configuration, the card listing each one's files and sizes."""
+    root = tmp_path / "multi"
+    card = ["---", "dataset_info:"]
+    configs = ["configs:"]
+    for name, count in (("big", 40), ("small", 10)):
+        (root / name).mkdir(parents=True)
+        for split in ("train", "validation"):
+            texts = [f"{name} {split} {i}" for i in range(count)]
+            pq.write_table(pa.table({"text": texts}),
+                           root / name / f"{split}-00000-of-00001.parquet")
+        card += [f"- config_name: {name}", "  features:", "  - name: text", "    dtype: string",
+                 "  splits:", "  - name: train", f"    num_bytes: {100 * count}",
+                 f"    num_examples: {count}"]
+        configs += [f"- config_name: {name}", "  data_files:"]
+        configs += [f"  - split: {split}\n    path: {name}/{split}-*"
+                    for split in ("train", "validation")]
+    (root / "README.md").write_text("\n".join([*card, *configs, "---", ""]))
+    source = data.make_source(config_of(f"{root}:small", seq_len=8), seed=0)
+    assert bytes(source.train) == byte_stream([f"small train {i}" for i in range(10)])
+    assert bytes(source.validation_bytes) == byte_stream([f"small validation {i}"
+                                                          for i in range(10)])
+    assert source.train_bytes == 1000
+    with pytest.raises(ValueError, match=r"hf:.*multi: .*Config name is missing.*big"):
+        data.make_source(config_of(root, seq_len=8), seed=0)
+
+
 def metric_rows(workdir):
     return [{k: v for k, v in row.items() if not k.startswith("perf/")}
             for row in RunFiles(workdir).read_metrics()]
