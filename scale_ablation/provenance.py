@@ -52,7 +52,10 @@ def consumption(config: ml_collections.ConfigDict, counts: dict[str, int], steps
 
 
 def train_tokens(source: Any) -> int | None:
-    """Size of the training split in tokens (bytes); None for a generator (MQAR)."""
+    """Size of the training split in tokens (bytes); None for a generator (MQAR) and for a
+    streamed corpus whose size is unknown (`hf_data`: `train_bytes`, from the dataset card)."""
+    if hasattr(source, "train_bytes"):
+        return source.train_bytes
     train = getattr(source, "train", None)
     return int(train.size) if train is not None else None
 

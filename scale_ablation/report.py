@@ -1,6 +1,7 @@
 r"""Review a sweep: `python -m scale_ablation.report DIR [--reference=POLICY]` writes DIR/report/.
 
-summary.csv (one row per run), summary.md (`report_tables`: the noise floor, then tables of
+summary.csv (one row per run), summary.md (`report_tables`: the noise floor, a warning naming
+the runs that read their training data more than once, the runs without a result, then tables of
 mean ± 95% CI (n) over seeds headed by baselines, best LR per setting, paired differences against
 the reference policy, unstable runs, LR sensitivity), PNG plots (`report_plots`) and, when the
 experiment file declares `claims(arg)`, claims.md (`claims`). Every number comes from the runs'
@@ -134,6 +135,9 @@ def write_report(sweep_dir: str, reference: str | None = None) -> str:
         writer.writerows(rows)
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
     write_incomplete_notice(os.path.join(out, "summary.md"), incomplete_runs(sweep_dir))
+    warning = repeated_data_warning(rows)
+    if warning:  # inserted last, so it comes first, right after the noise floor
+        _insert_after_noise_floor(os.path.join(out, "summary.md"), warning)
     report_plots.write_plots(runs, rows, out)
     spec = _experiment_spec(sweep_dir)
     if spec is not None:
@@ -172,14 +176,36 @@ def write_incomplete_notice(path: str, incomplete: list[tuple[str, str]]) -> Non
     line: the tables below leave them out, and a reader must not take them for the whole grid."""
     if not incomplete:
         return
+    lines = [f"**{len(incomplete)} run(s) without a result, left out of the tables below:**", ""]
+    lines += [f"- {name}: {status}" for name, status in incomplete]
+    _insert_after_noise_floor(path, lines)
+
+
+NAMED_RUNS = 5  # a warning names this many runs, then counts the rest
+
+
+def repeated_data_warning(rows: list[dict]) -> list[str]:
+    """One line when runs read their training split more than once (summary.json's
+    passes_over_data > 1): their final loss measures memorisation too. Empty otherwise."""
+    repeated = sorted(((row["passes_over_data"], row["name"]) for row in rows
+                       if (row.get("passes_over_data") or 0) > 1), reverse=True)
+    if not repeated:
+        return []
+    names = ", ".join(f"{name} ({passes:.1f})" for passes, name in repeated[:NAMED_RUNS])
+    more = len(repeated) - NAMED_RUNS
+    return [f"**Warning: {len(repeated)} run(s) read their training data more than once "
+            f"(up to {repeated[0][0]:.1f} passes), so their final validation loss measures "
+            f"memorisation too: {names}{f' and {more} more' if more > 0 else ''}.**"]
+
+
+def _insert_after_noise_floor(path: str, lines: list[str]) -> None:
+    """`lines` as a paragraph at the top of the markdown report, after the noise-floor line."""
     with open(path, encoding="utf-8") as f:
         body = f.read()
     head, rest = ("", body)
     if body.startswith("Noise floor"):
         first, _, rest = body.partition("\n\n")
         head = first + "\n\n"
-    lines = [f"**{len(incomplete)} run(s) without a result, left out of the tables below:**", ""]
-    lines += [f"- {name}: {status}" for name, status in incomplete]
     with open(path, "w", encoding="utf-8") as f:
         f.write(head + "\n".join(lines) + "\n\n" + rest)
 

@@ -238,7 +238,7 @@ def test_tpu_dry_run_creates_installs_runs_copies_back_and_deletes(env):
     assert pack[:2] == ["bash", "-c"] and f"tar -czf {tarball}" in pack[2]
     assert copy == [*tpu, "scp", tarball, "abl-1:scale_ablation.tar.gz", zone, "--worker=all"]
     assert install[:-1] == [*tpu, "ssh", "abl-1", zone, "--worker=all"]
-    assert re.search(r"pip install .*-e \"\.\[tpu\]\"", install[-1])
+    assert re.search(r"pip install .*-e \"\.\[tpu,hf\]\"", install[-1])
     assert run[:-1] == [*tpu, "ssh", "abl-1", zone, "--worker=all"]
     cd, main = run[-1].removeprefix("--command=").split(" && ")
     assert cd == "cd scale_ablation"
