@@ -1,6 +1,10 @@
 """summary.md: the noise floor first, then tables whose cells read mean ± 95% CI (n) over seeds,
 each language-model table headed by its count baselines (MQAR: chance and context guessing).
 
+Runs evaluated at lengths L beyond the training length n (`train.eval_seq_lens`) get a length
+section: bits per byte on positions n..L-1 only and the degradation from n, with the
+degradation paired by seed against the reference.
+
 Unstable runs are marked in their cell: `diverged@STEP` (non-finite loss; no final value),
 `spiked@STEP` and `collapsed@STEP` (`instability.py`; their final values still count).
 """
