@@ -100,6 +100,8 @@ def test_loss_beyond_the_training_length_by_hand(tmp_path):
     n = config.data.seq_len
     config.train.eval_seq_lens = (n, 3 * n)  # n itself: no positions beyond, no _beyond key
     run = runs.prepare(config, tmp_path / "run")
+    eval_program = steps.programs(run.graphdef, run.optimizer, 0.0).eval
+    compiled_before = eval_program._cache_size()  # the cache is shared by the whole process
     row = Evaluator(run).evaluate(run.state)
     forward = jax.jit(lambda s, x: nnx.merge(run.graphdef, s["params"], s["rest"])(x)[0])
     nll = np.concatenate([
@@ -114,6 +116,8 @@ def test_loss_beyond_the_training_length_by_hand(tmp_path):
     assert row[f"val/bpb_degradation@{3 * n}"] == pytest.approx(
         (beyond - row["val/loss"]) / math.log(2), rel=1e-5)
     assert f"val/loss_beyond@{n}" not in row and f"val/loss@{n}" in row
+    # At most one eval program per sequence length (n, 3n): the positions beyond n cost none.
+    assert eval_program._cache_size() - compiled_before <= 2
 
 
 def batch_of(config, seed, poison: bool = False) -> dict:
