@@ -129,8 +129,8 @@ MUTATIONS = [
              'row["train/bpb"] = row["train/loss"]',
              "tests/test_report.py", "-k", "one_csv_row"),
     mutation("accuracy_unweighted", "evaluation", "eval accuracy counts unweighted positions",
-             STEPS, '((logits.argmax(-1) == batch["targets"]) * weights).sum()',
-             '(logits.argmax(-1) == batch["targets"]).sum()',
+             STEPS, '((logits.argmax(-1) == batch["targets"]) * weights).sum(0)',
+             '(logits.argmax(-1) == batch["targets"]).sum(0)',
              "tests/test_steps.py", "-k", "accuracy"),
     # --------------------------------------------------------------- optimiser
     mutation("decay_everything", "optimiser",

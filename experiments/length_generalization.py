@@ -1,35 +1,77 @@
 r"""Length generalisation: train at n, evaluate at 2n and 4n (Scalable-Softmax, Nakanishi 2025).
 
-  python -m scale_ablation.sweep --config=experiments/length_generalization.py:quick \
-      --workdir=runs/length_quick
+  python -m scale_ablation.sweep --config=experiments/length_generalization.py:cpu \
+      --workdir=runs/length_cpu
 
 With a fixed scale, attention over more keys gets flatter (the softmax denominator grows with n);
-`log_length` multiplies the logits by s·ln(n) to keep its sharpness. Rotary positions, so that
-longer sequences need no new position embeddings. Each run logs `val/loss@{2n}` and
-`val/loss@{4n}` next to `val/loss` at the training length n.
+`log_length` multiplies the logits by s·ln(n) to keep its sharpness. Positions are rotary in
+every variant: a learned position table has no trained rows beyond n (and none at all beyond
+`model.max_seq_len`), so a loss past n would measure untrained embeddings, not the scale; rotary
+positions are a fixed function of the offset and extend to any length.
+
+Each evaluation logs, for L in (2n, 4n), `val/bpb@L` over every position of the longer
+sequences, `val/bpb_beyond@L` over positions n..L-1 only (the lengths never seen in training;
+the first n are in distribution) and `val/bpb_degradation@L`, that minus `val/bpb` at n from the
+same evaluation. The report tabulates both with 95% CIs over seeds and the claims compare the
+degradation, paired by seed against 1/√d_k, each policy at its own best learning rate.
+
+Variants:
+- `cpu` (the study for 2 cores): the base CPU model (4 heads × d_k 32, n = 128, 600 steps),
+  evaluated at 256 and 512; 1/√d_k, log-length with s = 1 and s = 0.5 (the learned s starts
+  there) × LR {1e-3, 3e-3, 1e-2} × 3 seeds = 27 runs, about 35 minutes on 2 cores (a run takes
+  ~70 s: the two longer evaluations add about a third to a base run). QK-LayerNorm is left to
+  the default variant: no claim about length is made for it, and three policies is what leaves
+  room for three seeds at three learning rates.
+- default (one accelerator): d_k 64 and 256, QK-LayerNorm as well, two seeds at one LR.
+- `quick` (smoke test): 200 steps of the quick model, one seed.
 """
 
 from experiments import base
+from scale_ablation import claims as claims_lib
+
+POLICIES = ("inv_sqrt_dk", "log_length", "log_length:0.5", "qk_layernorm")
+CPU_POLICIES = POLICIES[:3]
+CPU_LRS = (1e-3, 3e-3, 1e-2)
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg, ("quick", "gpu"))
-    config = base.get_config("quick" if arg == "quick" else "gpu")
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    config = base.get_config({None: "gpu"}.get(arg, arg))
     config.wandb.tags = ("length_generalization",)
     config.model.positions = "rotary"
-    n = config.data.seq_len
-    config.train.eval_seq_lens = (2 * n, 4 * n)
+    config.train.eval_seq_lens = lengths(config.data.seq_len)
     if arg == "quick":
         config.train.steps = 200
     return config
 
 
+def lengths(n: int) -> tuple[int, int]:
+    return (2 * n, 4 * n)
+
+
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg == "cpu":
+        return [{"policy": policy, "model.head_dim": 32, "train.lr": lr, "train.seed": seed}
+                for policy in CPU_POLICIES for lr in CPU_LRS for seed in (0, 1, 2)]
     head_dims = (32,) if arg == "quick" else (64, 256)
     seeds = (0,) if arg == "quick" else (0, 1)
     return [
         {"policy": policy, "model.head_dim": d, "train.seed": seed}
-        for policy in ("inv_sqrt_dk", "log_length", "log_length:0.5", "qk_layernorm")
+        for policy in POLICIES
         for d in head_dims
         for seed in seeds
+    ]
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    log_length = tuple(p for p in POLICIES if p.startswith("log_length"))
+    at = "best_lr" if arg == "cpu" else "each_lr"  # quick and the default run one LR
+    return [
+        claims_lib.Claim(
+            f"Log-length scaling degrades less than 1/√d_k beyond the training length, at {L // n}n "
+            "(bits per byte on positions n..L-1 minus those at n)",
+            claims_lib.Compare("better", policies=log_length, at=at,
+                               metric=f"final_val/bpb_degradation@{L}"),
+            source="Nakanishi 2025")
+        for n in (get_config(arg).data.seq_len,) for L in lengths(n)
     ]

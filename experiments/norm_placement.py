@@ -1,12 +1,23 @@
 r"""Pitfall 2: where normalisation sits. Pre-norm vs post-norm blocks vs LayerNorm on the logits.
 
-  python -m scale_ablation.sweep --config=experiments/norm_placement.py:quick --workdir=runs/norm_quick
+  python -m scale_ablation.sweep --config=experiments/norm_placement.py:cpu --workdir=runs/norm_cpu
 
 `logit_layernorm` normalises q·k over the visible keys before the 1/√d_k divisor, which the
-article says over-normalises (post-scale logit std ≈ 1/√d_k instead of 1).
+article says over-normalises (post-scale logit std ≈ 1/√d_k instead of 1): that is its pitfall 2
+(§5.1). Where the blocks' own LayerNorm sits (pre or post) is the other placement the grid
+crosses it with.
+
+Variants:
+- `cpu` (the study for 2 cores): the base CPU model (4 heads × d_k 32, 600 steps); pre and
+  post blocks × 1/√d_k and LayerNorm on the logits (4 settings) × LR {1e-3, 3e-3, 1e-2} × 3
+  seeds = 36 runs, about 30 minutes on 2 cores. One d_k: at d_k 32 the over-normalised logits
+  have std 1/√32 ≈ 0.18, flat enough to show, and a d_k axis would triple the grid.
+- default (one accelerator): d_k 16, 64, 256 and 1024, one seed at one LR.
+- `quick` (smoke test): d_k 16 and 256.
 """
 
 from experiments import base
+from scale_ablation import claims as claims_lib
 
 VARIANTS = (
     {"model.norm_position": "pre", "policy": "inv_sqrt_dk"},
@@ -14,15 +25,35 @@ VARIANTS = (
     {"model.norm_position": "pre", "policy": "logit_layernorm"},
     {"model.norm_position": "post", "policy": "logit_layernorm"},
 )
+CPU_LRS = (1e-3, 3e-3, 1e-2)
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg, ("quick", "gpu"))
-    config = base.get_config("quick" if arg == "quick" else "gpu")
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    config = base.get_config({None: "gpu"}.get(arg, arg))
     config.wandb.tags = ("norm_placement",)
     return config
 
 
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg == "cpu":
+        return [{**variant, "model.head_dim": 32, "train.lr": lr, "train.seed": seed}
+                for variant in VARIANTS for lr in CPU_LRS for seed in (0, 1, 2)]
     head_dims = (16, 256) if arg == "quick" else (16, 64, 256, 1024)
     return [{**variant, "model.head_dim": d} for variant in VARIANTS for d in head_dims]
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    at = "best_lr" if arg == "cpu" else "each_lr"  # quick and the default run one LR
+    return [
+        claims_lib.Claim(
+            "LayerNorm on the logits before the 1/√d_k divisor over-normalises: it ends worse "
+            "than 1/√d_k (pre- and post-norm blocks)",
+            claims_lib.Compare("worse", policies=("logit_layernorm",), at=at),
+            source="article §5.1, pitfall 2"),
+        claims_lib.Claim(
+            "Post-norm blocks end worse than pre-norm blocks with 1/√d_k",
+            claims_lib.CompareField("worse", field="model.norm_position", value="post",
+                                    reference_value="pre", at=at),
+            source="Xiong et al. 2020"),
+    ]

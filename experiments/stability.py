@@ -1,30 +1,77 @@
 r"""The article's "stability triangle": gradient clipping × warmup × attention dropout.
 
-  python -m scale_ablation.sweep --config=experiments/stability.py:quick --workdir=runs/stability_quick
+  python -m scale_ablation.sweep --config=experiments/stability.py:cpu --workdir=runs/stability_cpu
 
 Each switch on and off, with 1/√d_k and with no scale, at a learning rate high enough that the
 switches can matter.
+
+Variants:
+- `cpu` (the study for 2 cores): the base CPU model (4 heads × d_k 32, 600 steps); 1/√d_k and
+  scale 1, each with clipping and warmup on (clip 1, 50 warmup steps), clipping off, and warmup
+  off (6 settings) × LR {1e-3, 3e-3, 1e-2} × 3 seeds = 54 runs, about 45 minutes on 2 cores.
+  The grid is centred on the base model's best LR (3e-3) so that each setting's best is
+  interior and settings compare at their own best; a missing stabiliser shows as a worse loss
+  there, or as spikes at 1e-2 (the unstable-runs table). A fourth LR (3e-2) or attention
+  dropout as a third switch would each take the grid past the hour; dropout is left to the
+  default variant, and the article names clipping and warmup first.
+- default (one accelerator, d_k 256): every switch (clip, warmup, dropout) on and off with both
+  policies at one LR.
+- `quick` (smoke test): the same grid at LR 1e-2.
 """
 
 from experiments import base
+from scale_ablation import claims as claims_lib
+
+POLICIES = ("inv_sqrt_dk", "none")
+CPU_LRS = (1e-3, 3e-3, 1e-2)
+CPU_WARMUP = 50
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg, ("quick", "gpu"))
-    config = base.get_config("quick" if arg == "quick" else "gpu")
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    config = base.get_config({None: "gpu"}.get(arg, arg))
     config.wandb.tags = ("stability",)
-    config.train.lr = 1e-2 if arg == "quick" else 3e-3
+    config.train.lr = {"quick": 1e-2, "cpu": 1e-2}.get(arg, 3e-3)
     return config
 
 
+def cpu_switches() -> list[dict]:
+    """Both on, then each of clipping and warmup off alone (the other on)."""
+    return [{"train.grad_clip": clip, "train.warmup_steps": warmup}
+            for clip, warmup in ((1.0, CPU_WARMUP), (0.0, CPU_WARMUP), (1.0, 0))]
+
+
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg == "cpu":
+        return [{"policy": policy, **switches, "model.head_dim": 32, "train.lr": lr,
+                 "train.seed": seed}
+                for policy in POLICIES for switches in cpu_switches()
+                for lr in CPU_LRS for seed in (0, 1, 2)]
     config = get_config(arg)
     warmup = max(1, config.train.steps // 10)
     return [
         {"policy": policy, "train.grad_clip": clip, "train.warmup_steps": w,
          "model.attention_dropout": dropout, "model.head_dim": 256}
-        for policy in ("inv_sqrt_dk", "none")
+        for policy in POLICIES
         for clip in (0.0, 1.0)
         for w in (0, warmup)
         for dropout in (0.0, 0.1)
+    ]
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    at = "best_lr" if arg == "cpu" else "each_lr"  # quick and the default run one LR
+    warmup = CPU_WARMUP if arg == "cpu" else max(1, get_config(arg).train.steps // 10)
+    switch_off = [("gradient clipping", "train.grad_clip", 0.0, 1.0),
+                  ("warmup", "train.warmup_steps", 0, warmup)]
+    return [
+        *(claims_lib.Claim(
+            f"Without {name} training ends worse ({policy})",
+            claims_lib.CompareField("worse", field=field, value=off, reference_value=on,
+                                    policy=policy, at=at),
+            source="article §6.5")
+          for name, field, off, on in switch_off for policy in POLICIES),
+        claims_lib.Claim(
+            "Scale 1 ends worse than 1/√d_k with the stabilisers on and with each off",
+            claims_lib.Compare("worse", policies=("none",), at=at), source="article §1, §6.5"),
     ]

@@ -83,7 +83,7 @@ class Unstable:
 @dataclasses.dataclass(frozen=True)
 class Claim:
     text: str  # the article's claim, in its words
-    rule: Compare | Unstable
+    rule: Compare | Unstable | CompareField
     source: str = ""  # where it is made, e.g. "article §1"
 
 
@@ -174,6 +174,8 @@ def _judge_unstable(rule: Unstable, rows: list[dict]) -> Verdict:
 
 
 def judge(claim: Claim, rows: list[dict]) -> Verdict:
+    if hasattr(claim.rule, "judge"):  # a rule that judges itself (defined below)
+        return claim.rule.judge(rows)
     if isinstance(claim.rule, Compare):
         return _judge_compare(claim.rule, rows)
     return _judge_unstable(claim.rule, rows)
@@ -205,3 +207,40 @@ def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str) -> bool
     with open(path, "w") as f:
         f.write("\n".join(lines))
     return True
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareField:
+    """Compare between two values of one swept field rather than two policies: e.g. post-norm
+    against pre-norm blocks, both with `policy`. The runs of `policy` are relabelled by the
+    field's value and judged by the Compare rule (paired by seed and every other swept field;
+    at="best_lr": each value at its own best learning rate)."""
+
+    expect: str  # "better" | "worse" | "indistinguishable": `value` against `reference_value`
+    field: str  # a swept field, e.g. "model.norm_position"
+    value: str | float
+    reference_value: str | float
+    policy: str = cmp.DEFAULT_REFERENCE
+    metric: str = "primary"
+    at: str = "best_lr"
+
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return (self.policy,)
+
+    def _compare(self) -> Compare:
+        return Compare(self.expect, policies=(str(self.value),),
+                       reference=str(self.reference_value), metric=self.metric, at=self.at)
+
+    def describe(self) -> str:
+        field = self.field.split(".")[-1]
+        return (f"{self.policy} runs with {field}={self.value} against {field}="
+                f"{self.reference_value}: " + self._compare().describe())
+
+    def judge(self, rows: list[dict]) -> Verdict:
+        key = f"override:{self.field}"
+        wanted = (str(self.value), str(self.reference_value))
+        relabelled = [{**{k: v for k, v in r.items() if k != key}, "policy": str(r[key])}
+                      for r in rows if r["policy"] == self.policy and key in r
+                      and str(r[key]) in wanted]
+        return _judge_compare(self._compare(), relabelled)

@@ -30,27 +30,44 @@ class Evaluator:
             return [to_device_batch(data_lib.process_share(b, *share), run.batch_sharding)
                     for b in batches]
 
-        self.val_batches = validation_set(config.data.seq_len)
+        self.seq_len = config.data.seq_len
+        self.val_batches = validation_set(self.seq_len)
         # Longer validation sequences, for length generalisation: `val/loss@LEN`.
         self.longer_val = {n: validation_set(n) for n in config.train.get("eval_seq_lens", ())}
 
-    def _mean_loss(self, state: TrainState, batches: list[dict]) -> tuple[float, float]:
-        totals = np.zeros(3)  # summed loss, weight, correct predictions
+    def _totals(self, state: TrainState, batches: list[dict]) -> np.ndarray:
+        """(3, T): summed loss, weight and correct predictions per position over `batches`."""
+        totals = 0.0
         for batch in batches:
-            totals += np.asarray(jax.device_get(self._eval_step(state, batch)), dtype=np.float64)
-        return totals[0] / totals[1], totals[2] / totals[1]
+            totals = totals + np.asarray(jax.device_get(self._eval_step(state, batch)),
+                                         dtype=np.float64)
+        return totals
 
     def evaluate(self, state: TrainState) -> dict[str, float]:
-        """val/loss (nats per byte), val/bpb, val/accuracy, and the same @LEN per longer length."""
-        row = {}
-        for suffix, batches in [("", self.val_batches),
-                                *((f"@{n}", b) for n, b in self.longer_val.items())]:
-            loss, accuracy = self._mean_loss(state, batches)
-            row.update({f"val/loss{suffix}": loss, f"val/bpb{suffix}": loss / math.log(2),
-                        f"val/accuracy{suffix}": accuracy})
+        """val/loss (nats per byte), val/bpb, val/accuracy; the same @LEN over every position
+        of each longer length, and _beyond@LEN over its positions n..LEN-1 only (those the
+        model never saw in training, n = data.seq_len), with val/bpb_degradation@LEN: the
+        bits per byte beyond n minus those at n."""
+        row = _scores("", self._totals(state, self.val_batches))
+        n = self.seq_len
+        for length, batches in self.longer_val.items():
+            totals = self._totals(state, batches)
+            row.update(_scores(f"@{length}", totals))
+            if length > n and totals[1, n:].sum() > 0:
+                row.update(_scores(f"_beyond@{length}", totals[:, n:]))
+                row[f"val/bpb_degradation@{length}"] = (row[f"val/bpb_beyond@{length}"]
+                                                        - row["val/bpb"])
         return row
 
     def diagnose(self, state: TrainState) -> dict[str, float]:
         """Per-layer attention statistics on the first validation batch."""
         stats = jax.device_get(self._diagnostics_step(state, self.val_batches[0]))
         return {key: float(value) for key, value in stats.items()}
+
+
+def _scores(suffix: str, totals: np.ndarray) -> dict[str, float]:
+    """Loss, bits per byte and accuracy from (3, T) per-position totals, over all T."""
+    loss_sum, weight, correct = totals.sum(axis=1)
+    loss = loss_sum / weight
+    return {f"val/loss{suffix}": loss, f"val/bpb{suffix}": loss / math.log(2),
+            f"val/accuracy{suffix}": correct / weight}

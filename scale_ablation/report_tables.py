@@ -1,6 +1,10 @@
 """summary.md: the noise floor first, then tables whose cells read mean ± 95% CI (n) over seeds,
 each language-model table headed by its count baselines (MQAR: chance and context guessing).
 
+Runs evaluated at lengths L beyond the training length n (`train.eval_seq_lens`) get a length
+section: bits per byte on positions n..L-1 only and the degradation from n, with the
+degradation paired by seed against the reference.
+
 Unstable runs are marked in their cell: `diverged@STEP` (non-finite loss; no final value),
 `spiked@STEP` and `collapsed@STEP` (`instability.py`; their final values still count).
 """
@@ -167,10 +171,51 @@ def sensitivity_tables(rows: list[dict], reference: str) -> list[str]:
 
 def extra_metric_keys(rows: list[dict]) -> list[str]:
     """Accuracy and the longer evaluation lengths (val/loss@N is val/bpb@N times ln 2: one of
-    the two is enough)."""
+    the two is enough; the positions beyond n have their own section, `length_tables`)."""
     return sorted({k for r in rows for k in r
                    if k.startswith("final_val/") and not k.startswith("final_val/loss@")
+                   and "_beyond@" not in k and "_degradation@" not in k
                    and r.get(k) is not None})
+
+
+def beyond_lengths(rows: list[dict]) -> list[int]:
+    """The longer evaluation lengths L whose positions beyond n the runs scored."""
+    return sorted({int(k.rpartition("@")[2]) for r in rows for k in r
+                   if k.startswith("final_val/bpb_beyond@") and r.get(k) is not None})
+
+
+def length_tables(rows: list[dict], best: list[cmp.BestLR], reference: str) -> list[str]:
+    """Per variant and d_k: bits per byte at the training length n, on positions n..L-1 of
+    each longer length L, and the degradation (beyond n minus at n); then the degradation
+    paired by seed against the reference (each at its own best LR when there is an LR grid)."""
+    lengths = beyond_lengths(rows)
+    if not lengths:
+        return []
+    lines = ["## Length generalisation: bits per byte beyond the training length n", "",
+             "Beyond n @L: on positions n..L-1 of validation sequences of length L (never seen "
+             "in training; the first n are left out). Δ from n @L: that minus the bits per byte "
+             "at n of the same evaluation. Mean ± 95% CI (n seeds).", "",
+             "| policy | d_k | at n | " + " | ".join(
+                 f"beyond n @{L} | Δ from n @{L}" for L in lengths) + " |",
+             "|---|---|---|" + "---|---|" * len(lengths)]
+    for name in dict.fromkeys(cmp.variant(r) for r in rows):
+        for d_k in sorted({r["d_k"] for r in rows}):
+            group = [r for r in rows if cmp.variant(r) == name and r["d_k"] == d_k]
+            if not group:
+                continue
+            cells = [cell(group, f"final_val/bpb_{what}@{L}") for L in lengths
+                     for what in ("beyond", "degradation")]
+            lines.append(f"| {name} | {d_k} | {cell(group)} | " + " | ".join(cells) + " |")
+    for L in lengths:
+        key = f"final_val/bpb_degradation@{L}"
+        paired = (cmp.paired_best_lr(best, reference, key, False) if best
+                  else cmp.paired_same_lr(rows, reference, key, False))
+        where = "each at its own best LR" if best else "at the same LR"
+        if paired:
+            lines += ["", *paired_table(paired, reference, key,
+                                        f"Degradation beyond n at L={L} against {reference}, "
+                                        f"{where}")]
+    return lines
 
 
 def write_markdown(rows: list[dict], path: str, reference: str = cmp.DEFAULT_REFERENCE) -> None:
@@ -191,6 +236,9 @@ def write_markdown(rows: list[dict], path: str, reference: str = cmp.DEFAULT_REF
     if same_lr:
         lines += ["", *paired_table(same_lr, reference, key,
                                     f"Paired differences against {reference} at the same LR")]
+    length = length_tables(rows, best, reference)
+    if length:
+        lines += ["", *length]
     lines += ["", *instability_table(rows)]
     sensitivity = sensitivity_tables(rows, reference)
     if sensitivity:

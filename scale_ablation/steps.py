@@ -26,10 +26,15 @@ from scale_ablation.optim import OptimizerSettings, make_optimizer
 TrainState = dict[str, Any]  # {"params", "rest", "opt_state", "step", "lr"}
 
 
+def token_nll(logits, targets):
+    """Per-position next-byte loss (nats) and log Z, each (B, T)."""
+    log_z = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
+    return log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0], log_z
+
+
 def cross_entropy(logits, targets, weights, z_loss: float):
     """Weighted mean next-byte loss (nats) plus z_loss·mean(log Z²)."""
-    log_z = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
-    nll = log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll, log_z = token_nll(logits, targets)
     total_weight = jnp.maximum(weights.sum(), 1.0)
     loss = (nll * weights).sum() / total_weight
     return loss, loss + z_loss * ((log_z**2) * weights).sum() / total_weight
@@ -68,15 +73,17 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
 
 
 def make_eval_step(graphdef):
-    """(state, batch) -> summed loss, weight and correct predictions over the batch."""
+    """(state, batch) -> summed loss, weight and correct predictions per position, each (T,)
+    summed over the batch: the caller averages over all positions or any range of them (the
+    positions beyond the training length) from one program per sequence length."""
 
     def eval_step(state: TrainState, batch: dict):
         model = nnx.merge(graphdef, state["params"], state["rest"])
         logits, _ = model(batch["inputs"])
         weights = batch["weights"]
-        loss, _ = cross_entropy(logits, batch["targets"], weights, 0.0)
-        correct = ((logits.argmax(-1) == batch["targets"]) * weights).sum()
-        return loss * weights.sum(), weights.sum(), correct
+        nll, _ = token_nll(logits, batch["targets"])
+        correct = ((logits.argmax(-1) == batch["targets"]) * weights).sum(0)
+        return (nll * weights).sum(0), weights.sum(0), correct
 
     return eval_step
 

@@ -22,7 +22,8 @@ from scale_ablation.model import build_model
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
 VARIANTS = (None, "quick")
-CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity")  # the experiments sized for 2 cores
+CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity", "length_generalization", "init_gain",
+               "norm_placement", "stability")  # the experiments sized for 2 cores
 
 # The issue's specification of the central ablation, written out here rather than imported.
 DK_SWEEP_POLICIES = (
@@ -182,7 +183,7 @@ def test_a_bad_override_is_a_value_error(key, value):
 @pytest.mark.parametrize("path", EXPERIMENT_FILES, ids=lambda p: p.stem)
 def test_claims_name_policies_the_grid_runs(path):
     """A claim about a policy the experiment never runs could only ever be inconclusive."""
-    for variant in (None, "quick"):
+    for variant in (None, "quick", *(("cpu",) if path.stem in CPU_STUDIES else ())):
         module, arg = experiment.load_module(f"{path}:{variant}" if variant else str(path))
         if not hasattr(module, "claims"):
             continue

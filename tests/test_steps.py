@@ -83,11 +83,41 @@ def test_eval_accuracy_counts_weighted_positions_only(fresh):
     assert abs(weighted - unweighted) > 0.2
     batch = {"inputs": jnp.asarray(inputs), "targets": jnp.asarray(targets),
              "weights": jnp.asarray(weights)}
-    loss_sum, weight, correct = jax.jit(steps.make_eval_step(graphdef))(state, batch)
-    assert float(weight) == weights.sum()
-    assert float(correct) / float(weight) == pytest.approx(weighted, abs=1e-9)
+    loss_sum, weight, correct = (np.asarray(a) for a in
+                                 jax.jit(steps.make_eval_step(graphdef))(state, batch))
+    assert loss_sum.shape == weight.shape == correct.shape == (inputs.shape[1],)  # per position
+    np.testing.assert_array_equal(weight, weights.sum(0))
+    assert correct.sum() / weight.sum() == pytest.approx(weighted, abs=1e-9)
     nll, _ = numpy_nll(np.asarray(forward(state, jnp.asarray(inputs))), targets)
-    assert float(loss_sum) == pytest.approx((nll * weights).sum(), rel=1e-5)
+    np.testing.assert_allclose(loss_sum, (nll * weights).sum(0), rtol=1e-5)
+
+
+def test_loss_beyond_the_training_length_by_hand(tmp_path):
+    """val/*_beyond@L against the model's own per-position losses on the same validation
+    batches, averaged by hand over positions n..L-1; @L over all L; the degradation is the
+    difference of the two bits per byte."""
+    config = tiny_config(**CONFIG, **{"model.positions": "rotary"})
+    n = config.data.seq_len
+    config.train.eval_seq_lens = (n, 3 * n)  # n itself: no positions beyond, no _beyond key
+    run = runs.prepare(config, tmp_path / "run")
+    eval_program = steps.programs(run.graphdef, run.optimizer, 0.0).eval
+    compiled_before = eval_program._cache_size()  # the cache is shared by the whole process
+    row = Evaluator(run).evaluate(run.state)
+    forward = jax.jit(lambda s, x: nnx.merge(run.graphdef, s["params"], s["rest"])(x)[0])
+    nll = np.concatenate([
+        numpy_nll(np.asarray(forward(run.state, jnp.asarray(b.inputs))), np.asarray(b.targets))[0]
+        for b in run.source.val_batches(config.train.batch_size, 3 * n, config.data.val_batches)])
+    assert nll.shape == (config.train.batch_size * config.data.val_batches, 3 * n)
+    beyond, everything = nll[:, n:].mean(), nll.mean()
+    assert abs(beyond - everything) > 1e-4  # the two averages differ, so the test can tell
+    assert row[f"val/loss_beyond@{3 * n}"] == pytest.approx(beyond, rel=1e-5)
+    assert row[f"val/bpb_beyond@{3 * n}"] == pytest.approx(beyond / math.log(2), rel=1e-5)
+    assert row[f"val/loss@{3 * n}"] == pytest.approx(everything, rel=1e-5)
+    assert row[f"val/bpb_degradation@{3 * n}"] == pytest.approx(
+        (beyond - row["val/loss"]) / math.log(2), rel=1e-5)
+    assert f"val/loss_beyond@{n}" not in row and f"val/loss@{n}" in row
+    # At most one eval program per sequence length (n, 3n): the positions beyond n cost none.
+    assert eval_program._cache_size() - compiled_before <= 2
 
 
 def batch_of(config, seed, poison: bool = False) -> dict:
