@@ -18,6 +18,13 @@ run completed with no spike and no collapse (`instability.py`). expect_unstable=
 or oscillated") is supported when no listed policy has such an LR at any d_k in range and
 contradicted when one does; expect_unstable=False is supported when every listed policy has one
 at every d_k, and contradicted when one has none.
+
+Band: where a value ends relative to a policy's scale at each d_k (the learned scale against
+1/√d_k): the 95% CI over seeds of the ratio's geometric mean inside [1/factor, factor].
+
+Arms: a Compare or Unstable rule whose "policies" are the values of one swept field (float32
+against activation-dtype logits), restricted to runs with given overrides, scale policies and
+learning rates.
 """
 
 from __future__ import annotations
