@@ -20,23 +20,24 @@ differ in kernel as well as in logits dtype. Every variant here pins `attention_
 
 Learning rates where the logits grow. The LR-sensitivity sweep (experiments/lr_sensitivity.py,
 quick report, seed 0, `inv_sqrt_dk` and `none`, 100 steps) shows max |logit| 16 and 109 at LR
-4.6e-3, 88 and 534 at 0.018, 1.5·10^3 and 7.8·10^3 at 0.068, 2.3·10^4 and 4.6·10^4 at 0.26. The arms run at that grid's 4.64e-3 (near the best LR: the runs must learn), 1.78e-2 and
-6.81e-2, and the claims compare them at each LR >= 0.015 (`PRECISION_MIN_LR`), paired by seed,
-policy and LR. 0.261 is left out: single cpu runs of `none` in float16 diverged there after ~40
-steps with either logits dtype, as they did at 6.81e-2 (88 steps with float16 logits, 99 with
-float32 ones) and at 1.78e-2 (307 and 329 steps, max |logit| 3.6·10^3 and 4.4·10^3 at step 300, far below
+4.6e-3, 88 and 534 at 0.018, 1.5·10^3 and 7.8·10^3 at 0.068, 2.3·10^4 and 4.6·10^4 at 0.26. The
+arms run at that grid's 4.64e-3 (near the best LR: the runs must learn), 1.78e-2 and 6.81e-2,
+and the claims compare them at each LR >= 0.015 (`PRECISION_MIN_LR`), paired by seed, policy and
+LR. 0.261 is left out: single cpu runs of `none` in float16 diverged there after ~40 steps with
+either logits dtype, as they did at 6.81e-2 (88 steps with float16 logits, 99 with float32 ones)
+and at 1.78e-2 (307 and 329 steps, max |logit| 3.6·10^3 and 4.4·10^3 at step 300, far below
 65504: what overflows first in float16 without loss scaling is not the logits themselves).
 
 Variants:
-- `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps); float16 and bfloat16 ×
-  two logits dtypes × two policies × three LRs × 3 seeds = 72 runs. On this CPU XLA's float16
-  and bfloat16 steps run at 80–90% of float32's speed once compiled (100 steps of `none` at LR
-  0.07, logits in the activation dtype, on 2 loaded cores: 2,370, 2,180 and 2,670 tokens/s for
+- `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps); float16 and bfloat16 × two
+  logits dtypes × two policies × three LRs × 3 seeds = 72 runs. On this CPU XLA's float16 and
+  bfloat16 steps run at 80–90% of float32's speed once compiled (100 steps of `none` at LR 0.07,
+  logits in the activation dtype, on 2 loaded cores: 2,370, 2,180 and 2,670 tokens/s for
   float16, bfloat16 and float32), so a run costs ~50–55 s alone, and the float16 runs that
-  diverge stop early: about an hour. The float32-compute arm is left to the accelerator (it is the float32-logits arm of either low-precision dtype, less the
-  low-precision activations elsewhere).
-- default (one accelerator): the gpu model at d_k 256 and 1024, all five dtype arms, LRs
-  from the LR-sensitivity grid's default points, 3 seeds.
+  diverge stop early: about an hour. The float32-compute arm (everything in float32, the control
+  of both low-precision dtypes) is left to the accelerator.
+- default (one accelerator): the gpu model at d_k 256 and 1024, all five dtype arms, LRs from
+  the LR-sensitivity grid's default points, 3 seeds.
 - `quick` (smoke): d_k 256 on the quick model, LRs 4.64e-3 and 6.81e-2, one seed.
 """
 
