@@ -62,6 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.warmup_steps = 50  # 0 disables warmup
     train.grad_clip = 1.0  # global-norm clip; 0 disables clipping
     train.weight_decay = 0.1
+    train.scale_lr_multiplier = 1.0  # the scale policy's parameters' LR, in units of train.lr
     train.z_loss = 0.0
     train.seed = 0
     train.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16 (params stay float32)

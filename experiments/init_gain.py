@@ -61,8 +61,9 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
         claims_lib.Claim(
             f"Changing the q/k init gain breaks the variance argument: at gain {gain:g}, "
             "1/√d_k ends worse than at gain 1",
-            claims_lib.CompareField("worse", field="model.init_gain", value=gain,
-                                    reference_value=1.0, at=at),
+            claims_lib.Arms(claims_lib.Compare("worse", policies=(str(float(gain)),),
+                                               reference="1.0", at=at),
+                            field="model.init_gain", policies=("inv_sqrt_dk",)),
             source="article §5.1, pitfall 1"),
         claims_lib.Claim(
             f"1/√d_k still trains smoothly at some learning rate (its runs at gain 1 and gain "

@@ -53,7 +53,8 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
             source="article §5.1, pitfall 2"),
         claims_lib.Claim(
             "Post-norm blocks end worse than pre-norm blocks with 1/√d_k",
-            claims_lib.CompareField("worse", field="model.norm_position", value="post",
-                                    reference_value="pre", at=at),
+            claims_lib.Arms(claims_lib.Compare("worse", policies=("post",), reference="pre",
+                                               at=at),
+                            field="model.norm_position", policies=("inv_sqrt_dk",)),
             source="Xiong et al. 2020"),
     ]

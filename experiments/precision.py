@@ -1,32 +1,106 @@
 r"""Pitfall 3: logits in low precision. Does the unscaled run overflow, and do float32 logits cure it?
 
+  python -m scale_ablation.sweep --config=experiments/precision.py:cpu --workdir=runs/precision_cpu
   python -m scale_ablation.sweep --config=experiments/precision.py:quick --workdir=runs/precision_quick
 
-Compute dtype float32 / bfloat16 / float16 × logits kept in float32 or in the activation dtype ×
-`none` vs `inv_sqrt_dk`, at large d_k. float16 overflows above 65504; bfloat16 has float32's
-range but 8 bits of mantissa. (float32 compute with "activation" logits is the same as float32
-logits, so it is left out.) float16 runs use no loss scaling: that is part of what is measured.
+Compute dtype float16 / bfloat16 (and float32 on an accelerator) × logits kept in float32 or in
+the activation dtype (`model.logits_dtype`) × `none` vs `inv_sqrt_dk`. float16 overflows above
+65504 (the report's max-logit plots draw that line when the sweep has float16 runs); bfloat16
+has float32's range but 8 bits of mantissa. float32 compute with "activation" logits is the same
+as float32 logits, so it is left out. float16 runs use no loss scaling: that is part of what is
+measured.
+
+One attention path for both arms. The fused path (`jax.nn.dot_product_attention`, cuDNN on a
+GPU) computes q·k and the softmax at a precision the kernel picks (float32 accumulation inside
+cuDNN), so it cannot keep logits in float16; `attend` sends activation-dtype logits to the
+reference path instead. With `attention_impl = "fused"` (the gpu base) the two arms would then
+differ in kernel as well as in logits dtype. Every variant here pins `attention_impl =
+"reference"`, where `logits_dtype` alone decides the logits' dtype (float32 via
+`preferred_element_type`, or the activations' own), so the arms differ in that and nothing else.
+
+Learning rates where the logits grow. The LR-sensitivity sweep (experiments/lr_sensitivity.py,
+quick report, seed 0, `inv_sqrt_dk` and `none`, 100 steps) shows max |logit| 16 and 109 at LR
+4.6e-3, 88 and 534 at 0.018, 1.5·10^3 and 7.8·10^3 at 0.068, 2.3·10^4 and 4.6·10^4 at 0.26. The
+arms run at that grid's 4.64e-3 (near the best LR: the runs must learn), 1.78e-2 and 6.81e-2,
+and the claims compare them at each LR >= 0.015 (`PRECISION_MIN_LR`), paired by seed, policy and
+LR. 0.261 is left out: single cpu runs of `none` in float16 diverged there after ~40 steps with
+either logits dtype, as they did at 6.81e-2 (88 steps with float16 logits, 99 with float32 ones)
+and at 1.78e-2 (307 and 329 steps, max |logit| 3.6·10^3 and 4.4·10^3 at step 300, far below
+65504: what overflows first in float16 without loss scaling is not the logits themselves).
+
+Variants:
+- `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps); float16 and bfloat16 × two
+  logits dtypes × two policies × three LRs × 3 seeds = 72 runs. On this CPU XLA's float16 and
+  bfloat16 steps run at 80–90% of float32's speed once compiled (100 steps of `none` at LR 0.07,
+  logits in the activation dtype, on 2 loaded cores: 2,370, 2,180 and 2,670 tokens/s for
+  float16, bfloat16 and float32), so a run costs ~50–55 s alone, and the float16 runs that
+  diverge stop early: about an hour. The float32-compute arm (everything in float32, the control
+  of both low-precision dtypes) is left to the accelerator.
+- default (one accelerator): the gpu model at d_k 256 and 1024, all five dtype arms, LRs from
+  the LR-sensitivity grid's default points, 3 seeds.
+- `quick` (smoke): d_k 256 on the quick model, LRs 4.64e-3 and 6.81e-2, one seed.
 """
 
 from experiments import base
+from scale_ablation import claims as claims_lib
+
+ARMS = (("float16", "float32"), ("float16", "activation"),
+        ("bfloat16", "float32"), ("bfloat16", "activation"))
+GPU_ARMS = (("float32", "float32"), *ARMS)
+POLICIES = ("none", "inv_sqrt_dk")
+LRS = {"quick": (4.64e-3, 6.81e-2), "cpu": (4.64e-3, 1.78e-2, 6.81e-2),
+       None: (6.49e-3, 4.87e-2, 0.133)}
+PRECISION_MIN_LR = 0.015  # "large learning rates": max |logit| past ~10^2
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg, ("quick", "gpu"))
-    config = base.get_config("quick" if arg == "quick" else "gpu")
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    config = base.get_config({None: "gpu"}.get(arg, arg))
     config.wandb.tags = ("precision",)
+    config.model.attention_impl = "reference"  # both arms on one path (docstring)
+    config.train.diag_every = {"quick": 20, "cpu": 25}.get(arg, 100)  # logit growth over time
     return config
 
 
 def sweep(arg: str | None = None) -> list[dict]:
-    head_dims = (256,) if arg == "quick" else (256, 1024)
-    points = []
-    for dtype in ("float32", "bfloat16", "float16"):
-        for logits_dtype in ("float32", "activation"):
-            if dtype == "float32" and logits_dtype == "activation":
-                continue
-            for policy in ("none", "inv_sqrt_dk"):
-                for head_dim in head_dims:
-                    points.append({"train.dtype": dtype, "model.logits_dtype": logits_dtype,
-                                   "policy": policy, "model.head_dim": head_dim})
-    return points
+    head_dims = {"quick": (256,), "cpu": (32,)}.get(arg, (256, 1024))
+    seeds = (0,) if arg == "quick" else (0, 1, 2)
+    return [{"train.dtype": dtype, "model.logits_dtype": logits_dtype, "policy": policy,
+             "model.head_dim": head_dim, "train.lr": lr, "train.seed": seed}
+            for dtype, logits_dtype in (GPU_ARMS if arg is None else ARMS)
+            for policy in POLICIES for head_dim in head_dims
+            for lr in LRS[arg] for seed in seeds]
+
+
+def _arms(rule, dtype: str, policies: tuple[str, ...]) -> claims_lib.Arms:
+    return claims_lib.Arms(rule, field="model.logits_dtype", where=(("train.dtype", dtype),),
+                           policies=policies, min_lr=PRECISION_MIN_LR)
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    low_worse = claims_lib.Compare("worse", policies=("activation",), reference="float32",
+                                   at="each_lr")
+    same = claims_lib.Compare("indistinguishable", policies=("activation",),
+                              reference="float32", at="each_lr")
+    return [
+        claims_lib.Claim(
+            "Without the scale, float16 logits overflow at large learning rates: the runs "
+            "diverge, spike or collapse", _arms(claims_lib.Unstable(("activation",)),
+                                                "float16", ("none",)),
+            source="article, pitfall 3"),
+        claims_lib.Claim(
+            "Float32 logits cure it: the same float16 runs with float32 logits train smoothly "
+            "at some large learning rate",
+            _arms(claims_lib.Unstable(("float32",), expect_unstable=False), "float16",
+                  ("none",)), source="article, pitfall 3"),
+        claims_lib.Claim(
+            "Without the scale, float16 logits end worse than float32 logits at large learning "
+            "rates", _arms(low_worse, "float16", ("none",)), source="article, pitfall 3"),
+        claims_lib.Claim(
+            "With 1/√d_k, float16 logits end as well as float32 logits at large learning rates",
+            _arms(same, "float16", ("inv_sqrt_dk",)), source="article, pitfall 3"),
+        claims_lib.Claim(
+            "bfloat16 logits (float32's range, 8 bits of mantissa) end worse than float32 "
+            "logits at large learning rates", _arms(low_worse, "bfloat16", ()),
+            source="article, pitfall 3"),
+    ]

@@ -67,8 +67,9 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     return [
         *(claims_lib.Claim(
             f"Without {name} training ends worse ({policy})",
-            claims_lib.CompareField("worse", field=field, value=off, reference_value=on,
-                                    policy=policy, at=at),
+            claims_lib.Arms(claims_lib.Compare("worse", policies=(str(off),),
+                                               reference=str(on), at=at),
+                            field=field, policies=(policy,)),
             source="article §6.5")
           for name, field, off, on in switch_off for policy in POLICIES),
         claims_lib.Claim(

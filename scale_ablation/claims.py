@@ -2,7 +2,7 @@
 
 An experiment file may define `claims(arg) -> list[Claim]`; `report` then writes claims.md with,
 per claim, the command, the numbers with their 95% CIs and a verdict (supported, contradicted or
-inconclusive) with its reason. Two rules:
+inconclusive) with its reason. Four rules:
 
 Compare: each listed policy against the reference policy, paired by seed (and every other swept
 field). `at="best_lr"` compares each at its own best learning rate (needs an LR grid);
@@ -18,6 +18,13 @@ run completed with no spike and no collapse (`instability.py`). expect_unstable=
 or oscillated") is supported when no listed policy has such an LR at any d_k in range and
 contradicted when one does; expect_unstable=False is supported when every listed policy has one
 at every d_k, and contradicted when one has none.
+
+Band: where a value ends relative to a policy's scale at each d_k (the learned scale against
+1/√d_k): the 95% CI over seeds of the ratio's geometric mean inside [1/factor, factor].
+
+Arms: a Compare or Unstable rule whose "policies" are the values of one swept field (float32
+against activation-dtype logits), restricted to runs with given overrides, scale policies and
+learning rates.
 """
 
 from __future__ import annotations
@@ -83,7 +90,7 @@ class Unstable:
 @dataclasses.dataclass(frozen=True)
 class Claim:
     text: str  # the article's claim, in its words
-    rule: Compare | Unstable | CompareField
+    rule: Compare | Unstable | Band | Arms
     source: str = ""  # where it is made, e.g. "article §1"
 
 
@@ -174,8 +181,8 @@ def _judge_unstable(rule: Unstable, rows: list[dict]) -> Verdict:
 
 
 def judge(claim: Claim, rows: list[dict]) -> Verdict:
-    if hasattr(claim.rule, "judge"):  # a rule that judges itself (defined below)
-        return claim.rule.judge(rows)
+    if (extra := judge_extra(claim, rows)) is not None:
+        return extra
     if isinstance(claim.rule, Compare):
         return _judge_compare(claim.rule, rows)
     return _judge_unstable(claim.rule, rows)
@@ -209,38 +216,131 @@ def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str) -> bool
     return True
 
 
+# --------------------------------------------------------------------------- bands and arms
+
+
 @dataclasses.dataclass(frozen=True)
-class CompareField:
-    """Compare between two values of one swept field rather than two policies: e.g. post-norm
-    against pre-norm blocks, both with `policy`. The runs of `policy` are relabelled by the
-    field's value and judged by the Compare rule (paired by seed and every other swept field;
-    at="best_lr": each value at its own best learning rate)."""
+class Band:
+    """Where a run-row value ends relative to a reference value: supported when, for every
+    listed policy and d_k, the 95% CI over seeds of the geometric mean of value / reference
+    lies inside [1/factor, factor]; contradicted when one lies wholly outside; otherwise (a CI
+    across an edge, a single seed) inconclusive. The reference is `target`'s scale at each
+    d_k (a policy name: "inv_sqrt_dk" gives 1/√d_k). With an LR grid each setting is taken at
+    its own best learning rate (the sweep's primary metric)."""
 
-    expect: str  # "better" | "worse" | "indistinguishable": `value` against `reference_value`
-    field: str  # a swept field, e.g. "model.norm_position"
-    value: str | float
-    reference_value: str | float
-    policy: str = cmp.DEFAULT_REFERENCE
-    metric: str = "primary"
-    at: str = "best_lr"
+    factor: float  # the band: [reference/factor, reference·factor]
+    policies: tuple[str, ...] = ()  # empty: every policy whose runs have the value
+    metric: str = "final_learned_scale"
+    target: str = "inv_sqrt_dk"
+    min_d_k: int = 0
 
-    @property
-    def policies(self) -> tuple[str, ...]:
-        return (self.policy,)
-
-    def _compare(self) -> Compare:
-        return Compare(self.expect, policies=(str(self.value),),
-                       reference=str(self.reference_value), metric=self.metric, at=self.at)
+    def __post_init__(self) -> None:
+        if not self.factor > 1:
+            raise ValueError(f"Band.factor must be > 1, got {self.factor!r}")
 
     def describe(self) -> str:
-        field = self.field.split(".")[-1]
-        return (f"{self.policy} runs with {field}={self.value} against {field}="
-                f"{self.reference_value}: " + self._compare().describe())
+        who = ", ".join(self.policies) or "every policy with a value"
+        dims = f" at d_k >= {self.min_d_k}" if self.min_d_k else ""
+        return (f"supported if {self.metric} of {who} ends within a factor {self.factor:g} of "
+                f"{self.target}'s scale{dims} (95% CI over seeds of the geometric mean of the "
+                "ratio, each setting at its own best LR when there is an LR grid)")
 
-    def judge(self, rows: list[dict]) -> Verdict:
-        key = f"override:{self.field}"
-        wanted = (str(self.value), str(self.reference_value))
-        relabelled = [{**{k: v for k, v in r.items() if k != key}, "policy": str(r[key])}
-                      for r in rows if r["policy"] == self.policy and key in r
-                      and str(r[key]) in wanted]
-        return _judge_compare(self._compare(), relabelled)
+
+def _band_groups(rule: Band, rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
+    """(setting or variant, d_k) -> the runs judged: those at the best LR with an LR grid."""
+    rows = [r for r in rows if r["d_k"] >= rule.min_d_k
+            and (not rule.policies or r["policy"] in rule.policies)]
+    if cmp.has_lr_grid(rows):
+        key, higher = cmp.primary_metric(rows)
+        return {(f"{b.setting} @ lr={b.lr:.3g}", b.d_k): list(b.runs)
+                for b in cmp.best_lrs(rows, key, higher) if b.lr is not None}
+    groups: dict = defaultdict(list)
+    for r in rows:
+        groups[(cmp.variant(r), r["d_k"])].append(r)
+    return groups
+
+
+def _judge_band(rule: Band, rows: list[dict]) -> Verdict:
+    import math
+
+    from scale_ablation import policies
+    edge = math.log10(rule.factor)
+    numbers, places = [], {}
+    for (name, d_k), runs in _band_groups(rule, rows).items():
+        reference = policies.get(rule.target).base_scale(d_k)
+        logs = [math.log10(v / reference) for r in runs
+                if (v := cmp.finished_value(r, rule.metric)) is not None and v > 0]
+        if not logs:
+            continue
+        found = cmp.stats.mean_ci(logs)
+        if found.half_width is None:
+            place = cmp.stats.TOO_FEW
+        elif -edge <= found.low and found.high <= edge:
+            place = "inside"
+        elif found.high < -edge or found.low > edge:
+            place = "outside"
+        else:
+            place = "across an edge"
+        places[(name, d_k)] = place
+        ci = ("" if found.half_width is None else
+              f", 95% CI {10 ** found.low:.3g}–{10 ** found.high:.3g}")
+        numbers.append(f"{name}, d_k={d_k}: {rule.metric} / {rule.target} = "
+                       f"{10 ** found.mean:.3g}{ci} (n={found.n}) → {place}")
+    band = f"[{1 / rule.factor:.3g}, {rule.factor:g}]"
+    if not places:
+        return Verdict("inconclusive", f"no finished runs with {rule.metric}", tuple(numbers))
+    named = lambda which: "; ".join(f"{n} d_k={d}" for (n, d), p in places.items()  # noqa: E731
+                                    if p in which)
+    if any(p == "outside" for p in places.values()):
+        return Verdict("contradicted", f"outside {band}: {named(('outside',))}", tuple(numbers))
+    if any(p != "inside" for p in places.values()):
+        return Verdict("inconclusive", f"not resolved by the data: "
+                       f"{named(('across an edge', cmp.stats.TOO_FEW))}", tuple(numbers))
+    return Verdict("supported", f"all {len(places)} inside {band}", tuple(numbers))
+
+
+@dataclasses.dataclass(frozen=True)
+class Arms:
+    """A `Compare` or `Unstable` rule over the values of one swept field (the arms, e.g.
+    `model.logits_dtype`: "float32", "activation") instead of over scale policies: the rule's
+    `policies` and `reference` name arms, and a run is paired with the run of the reference arm
+    that matches it in everything else (scale policy, seed, LR, other fields). Only the runs
+    with every `where` override, of the listed scale `policies` (empty: all) and at LR >=
+    `min_lr` take part."""
+
+    rule: Compare | Unstable
+    field: str
+    where: tuple[tuple[str, object], ...] = ()
+    policies: tuple[str, ...] = ()
+    min_lr: float = 0.0
+
+    def describe(self) -> str:
+        scope = [f"{k}={v}" for k, v in self.where]
+        scope += [f"scale policy {', '.join(self.policies)}"] if self.policies else []
+        scope += [f"LR >= {self.min_lr:g}"] if self.min_lr else []
+        within = f" (runs with {'; '.join(scope)})" if scope else ""
+        return f"arms are values of {self.field}{within}; {self.rule.describe()}"
+
+    def rows(self, rows: list[dict]) -> list[dict]:
+        """The runs taking part, each relabelled: its arm as `policy`, its scale policy as an
+        override (so that pairing matches on it)."""
+        arm_key = f"override:{self.field}"
+        out = []
+        for r in rows:
+            if (arm_key not in r or r["lr"] < self.min_lr
+                    or (self.policies and r["policy"] not in self.policies)
+                    or any(str(r.get(f"override:{k}")) != str(v) for k, v in self.where)):
+                continue
+            relabelled = {k: v for k, v in r.items() if k != arm_key}
+            out.append({**relabelled, "policy": str(r[arm_key]),
+                        "override:scale_policy": r["policy"]})
+        return out
+
+
+def judge_extra(claim: Claim, rows: list[dict]) -> Verdict | None:
+    """The verdict of a claim whose rule is a `Band` or `Arms`; None for the other rules."""
+    if isinstance(claim.rule, Band):
+        return _judge_band(claim.rule, rows)
+    if isinstance(claim.rule, Arms):
+        return judge(Claim(claim.text, claim.rule.rule, claim.source), claim.rule.rows(rows))
+    return None

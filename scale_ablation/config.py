@@ -159,6 +159,11 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
         if seq_len <= 0 or (m.positions == "learned" and seq_len > m.max_seq_len):
             raise ConfigError(f"train.eval_seq_lens: {seq_len} must be in 1..model.max_seq_len="
                               f"{m.max_seq_len} with learned positions (rotary has no limit)")
+    multiplier = t.get("scale_lr_multiplier", 1.0)
+    if not isinstance(multiplier, (int, float)) or not multiplier > 0 or not math.isfinite(
+            multiplier):
+        raise ConfigError(f"train.scale_lr_multiplier must be a positive number (the scale "
+                          f"policy's LR / the LR), got {multiplier!r}")
     for field in ("log_every", "eval_every", "diag_every"):
         if t[field] < 0:
             raise ConfigError(f"train.{field} must be >= 0, got {t[field]}")

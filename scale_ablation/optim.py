@@ -2,6 +2,9 @@
 
 The peak learning rate is not part of it: it lives in the train state and multiplies the
 updates, so that runs differing only in lr share one compiled program (and one ensemble).
+`train.scale_lr_multiplier` gives the scale policy's own parameters (every leaf under a
+layer's `policy_params`: a learned scale's `log_scale`, log-length's `s`, QK-norm gains) a
+learning rate that many times the others'.
 """
 
 from __future__ import annotations
@@ -21,11 +24,25 @@ class OptimizerSettings:
     warmup_steps: int
     grad_clip: float
     weight_decay: float
+    scale_lr_multiplier: float = 1.0  # LR of the scale policy's parameters / everyone else's
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict) -> OptimizerSettings:
         t = config.train
-        return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay))
+        # Configs written before the field existed train as they did: multiplier 1.
+        return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay),
+                   float(t.get("scale_lr_multiplier", 1.0)))
+
+
+# The NNX attribute that holds a layer's scale-policy parameters (attention.SelfAttention).
+POLICY_PARAMS = "policy_params"
+
+
+def scale_policy_mask(params):
+    """A pytree of bools like `params`: True on the leaves under a `policy_params` node."""
+    def is_policy(path, _leaf) -> bool:
+        return any(getattr(key, "key", None) == POLICY_PARAMS for key in path)
+    return jax.tree_util.tree_map_with_path(is_policy, params)
 
 
 def lr_multiplier(config: ml_collections.ConfigDict | OptimizerSettings) -> optax.Schedule:
@@ -51,6 +68,12 @@ def make_optimizer(
         optax.add_decayed_weights(settings.weight_decay, mask=decay_mask),
         optax.scale_by_schedule(lambda count: -schedule(count)),
     ]
+    if settings.scale_lr_multiplier != 1.0:
+        # After the decay, so the multiplier is the policy parameters' whole learning rate (a
+        # decayed one's decay included; today's are all 1-D, so none is decayed). Added only
+        # when it changes something: multiplier 1 keeps the optimiser state of earlier runs.
+        parts.insert(2, optax.masked(optax.scale(settings.scale_lr_multiplier),
+                                     scale_policy_mask))
     if settings.grad_clip > 0:
         parts.insert(0, optax.clip_by_global_norm(settings.grad_clip))
     return optax.chain(*parts)

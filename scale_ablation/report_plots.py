@@ -190,9 +190,10 @@ def plot_final_vs_dk(rows: list[dict], path: str) -> None:
 
 
 def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
-                    unit: str | None, log_y: bool = False) -> None:
+                    unit: str | None, log_y: bool = False, float16_line: bool = False) -> None:
     """Final `key` against the learning rate: one panel per d_k, one line per setting with 95%
-    CI error bars; diverged (x, top edge), spiked (^) and collapsed (v) LRs marked."""
+    CI error bars; diverged (x, top edge), spiked (^) and collapsed (v) LRs marked.
+    `float16_line`: mark float16's maximum (`mark_float16_max`), for logit plots."""
     head_dims = sorted({r["d_k"] for r in rows})
     fig, axes = _panels(len(head_dims))
     styles = _styles(rows, cmp.setting)
@@ -218,6 +219,8 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
         ax.set_xscale("log")
         if log_y and d_k in plotted:
             ax.set_yscale("log")
+        if float16_line:
+            mark_float16_max([ax], [r for r in rows if r["d_k"] == d_k])
         ax.set_title(f"d_k = {d_k}")
         ax.set_xlabel("learning rate")
         _legend(ax, loc="best")
@@ -263,6 +266,7 @@ def plot_logits_over_training(runs: list[dict], rows: list[dict], path: str) -> 
                             label=f"lr {lr:.3g}")
             if ax.has_data():
                 ax.set_yscale("log")
+                mark_float16_max([ax], rows)
             ax.set_title(f"{name}, d_k={d_k}, layer {layer}", fontsize=8)
             _legend(ax, loc="upper left", fontsize=5)
     for ax in axes[-1]:
@@ -296,6 +300,55 @@ def plot_learned_scale(rows: list[dict], path: str) -> bool:
     return True
 
 
+def plot_learned_scale_over_training(runs: list[dict], rows: list[dict], path: str) -> bool:
+    """The learned scale (mean over layers) over training, one panel per d_k, one line per
+    setting (at its best LR with an LR grid; mean over seeds with a 95% CI band), against the
+    dashed 1/√d_k line: where the scale heads, and whether it got there, not just where it
+    ended. False (nothing drawn) when no run has a learned scale."""
+    chosen = [(run, row) for run, row in zip(runs, rows, strict=True)
+              if row.get("final_learned_scale") is not None]
+    if not chosen:
+        return False
+    head_dims = sorted({row["d_k"] for _, row in chosen})
+    fig, axes = _panels(len(head_dims))
+    groups = _training_groups(*map(list, zip(*chosen, strict=True)))
+    styles = _styles([{**row, "label": label} for (label, _), members in groups.items()
+                      for _, row in members], lambda r: r["label"])
+    for (label, d_k), members in groups.items():
+        points = _mean_series([run for run, _ in members],
+                              lambda r: rm.layer_mean(r, "learned_scale"))
+        if not points:
+            continue
+        ax, style = axes[0][head_dims.index(d_k)], styles[label]
+        steps, means, halves = zip(*points, strict=True)
+        ax.plot(steps, means, color=style["color"], linestyle=style["linestyle"], label=label)
+        ax.fill_between(steps, [m - h for m, h in zip(means, halves, strict=True)],
+                        [m + h for m, h in zip(means, halves, strict=True)],
+                        color=style["color"], alpha=0.2)
+    for ax, d_k in zip(axes[0], head_dims, strict=True):
+        ax.axhline(1 / math.sqrt(d_k), color="k", linestyle="--", linewidth=1,
+                   label=f"1/√d_k = {1 / math.sqrt(d_k):.3g}")
+        ax.set_yscale("log")
+        ax.set_title(f"d_k = {d_k}")
+        ax.set_xlabel("step")
+        _legend(ax, loc="upper right")
+    _save(fig, axes, "learned scale (mean over layers)", path)
+    return True
+
+
+FLOAT16_MAX = 65504.0  # the largest finite float16: a logit above it overflows to inf
+
+
+def mark_float16_max(axes, rows: list[dict]) -> None:
+    """A red line at float16's largest value on max-logit axes, when the sweep has float16
+    runs (`train.dtype`), so the reader sees which runs' logits could not be held in float16."""
+    if not any(str(r.get("override:train.dtype")) == "float16" for r in rows):
+        return
+    for ax in axes:
+        ax.axhline(FLOAT16_MAX, color="red", linestyle=":", linewidth=1,
+                   label="float16 max 65504")
+
+
 def write_plots(runs: list[dict], rows: list[dict], out: str) -> list[str]:
     """Every plot the runs support, written under `out`; returns the file names."""
     key, higher = cmp.primary_metric(rows)
@@ -313,11 +366,13 @@ def write_plots(runs: list[dict], rows: list[dict], out: str) -> list[str]:
         for layer_key in layers:  # Wortsman et al. 2023 Fig. 2: logit growth against LR
             name = f"max_logit_vs_lr_{layer_key.rsplit('/', 1)[1]}.png"
             plot_against_lr(rows, layer_key, f"max |attention logit|, {layer_key.rsplit('/', 1)[1]}",
-                            path(name), unit=None, log_y=True)
+                            path(name), unit=None, log_y=True, float16_line=True)
             written.append(name)
         written.append("loss_vs_lr.png")
     if plot_logits_over_training(runs, rows, path("max_logit_over_training.png")):
         written.append("max_logit_over_training.png")
     if plot_learned_scale(rows, path("learned_scale_vs_dk.png")):
         written.append("learned_scale_vs_dk.png")
+    if plot_learned_scale_over_training(runs, rows, path("learned_scale_over_training.png")):
+        written.append("learned_scale_over_training.png")
     return written

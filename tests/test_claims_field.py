@@ -1,5 +1,5 @@
-"""CompareField: one swept field's two values compared like two policies, on synthetic rows with
-known answers (the paired differences checked against scipy)."""
+"""Arms of a swept field compared like two policies (`claims.Arms` over `claims.Compare`), on
+synthetic rows with known answers (the paired differences checked against scipy)."""
 
 from __future__ import annotations
 
@@ -35,30 +35,37 @@ def row(policy: str, norm: str, lr: float, seed: int) -> dict:
             "override:train.seed": seed}
 
 
+def field_rule(expect: str, field: str, value, reference_value,
+               policy: str = "inv_sqrt_dk") -> claims.Arms:
+    return claims.Arms(claims.Compare(expect, policies=(str(value),),
+                                      reference=str(reference_value)),
+                       field=field, policies=(policy,))
+
+
 ROWS = [row(p, n, lr, s) for p in ("inv_sqrt_dk", "logit_layernorm") for n in ("pre", "post")
         for lr in LRS for s in SEEDS]
 
 
 def test_post_against_pre_each_at_its_own_best_lr():
-    rule = claims.CompareField("worse", field="model.norm_position", value="post",
-                               reference_value="pre")
+    rule = field_rule("worse", "model.norm_position", "post", "pre")
     verdict = claims.judge(claims.Claim("post-norm ends worse", rule), ROWS)
     differences = [bpb("inv_sqrt_dk", "post", 1e-3, s) - bpb("inv_sqrt_dk", "pre", 3e-3, s)
                    for s in SEEDS]
     mean = sum(differences) / len(differences)
     half = sps.t.ppf(0.975, len(SEEDS) - 1) * sps.sem(differences)
     assert verdict.verdict == "supported", verdict
-    assert verdict.numbers == (f"post, d_k=32: Δ = {mean:.4f} ± {half:.4f} (n=3) → worse",)
-    assert "norm_position=post against norm_position=pre" in rule.describe()
+    assert verdict.numbers == (
+        f"post (scale_policy=inv_sqrt_dk), d_k=32: Δ = {mean:.4f} ± {half:.4f} (n=3) → worse",)
+    assert "arms are values of model.norm_position" in rule.describe()
 
 
 def test_the_other_policy_alone_decides_its_own_claim():
-    rule = claims.CompareField("worse", field="model.norm_position", value="post",
-                               reference_value="pre", policy="logit_layernorm")
+    rule = field_rule("worse", "model.norm_position", "post", "pre",
+                      policy="logit_layernorm")
     assert claims.judge(claims.Claim("x", rule), ROWS).verdict == "contradicted"
 
 
 @pytest.mark.parametrize("field", ["model.init_gain", "model.norm_position"])
 def test_no_runs_with_the_values_is_inconclusive(field):
-    rule = claims.CompareField("worse", field=field, value=4.0, reference_value=1.0)
+    rule = field_rule("worse", field, 4.0, 1.0)
     assert claims.judge(claims.Claim("x", rule), ROWS).verdict == "inconclusive"

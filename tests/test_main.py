@@ -112,6 +112,8 @@ BAD_OVERRIDES = {
     "seq_len over max_seq_len": ({"data.seq_len": 2048}, ["data.seq_len", "max_seq_len"]),
     "zero learning rate": ({"train.lr": 0.0}, ["train.lr"]),
     "nan learning rate": ({"train.lr": "nan"}, ["train.lr"]),
+    "zero scale LR multiplier": ({"train.scale_lr_multiplier": 0.0},
+                                 ["train.scale_lr_multiplier", "positive"]),
 }
 
 

@@ -135,3 +135,64 @@ def test_adamw_with_clipping_matches_numpy(grad_clip):
         for name in params:
             np.testing.assert_allclose(updates[name], expected[step][name], rtol=2e-4,
                                        atol=1e-6, err_msg=f"{name} at step {step}")
+
+
+def one_step_change(config, multiplier: float) -> dict[str, np.ndarray]:
+    """Each parameter's change over one real train step of `config` with the given scale-policy
+    LR multiplier (same initial state, batch and everything else)."""
+    from scale_ablation import steps
+    config = tiny_config(**{**config, "train.scale_lr_multiplier": multiplier,
+                            "train.warmup_steps": 0})
+    settings = OptimizerSettings.of(config)
+    assert settings.scale_lr_multiplier == multiplier
+    graphdef, state = runs.init_state(config)
+    before = named_leaves(state["params"])
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, (config.train.batch_size, config.data.seq_len + 1))
+    batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+             "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+             "weights": jnp.ones((config.train.batch_size, config.data.seq_len), jnp.float32)}
+    step = steps.make_train_step(graphdef, optim.make_optimizer(settings), 0.0)
+    new_state, _ = jax.jit(step)(state, batch, jax.random.key(0))
+    after = named_leaves(new_state["params"])
+    return {name: after[name] - before[name] for name in before}
+
+
+def test_scale_lr_multiplier_scales_the_policy_parameters_only():
+    """With multiplier m the scale policy's parameters move m times as far on the first step
+    (Adam's first step is ±lr whatever the gradient's size, so m shows directly); every other
+    parameter moves exactly as with m = 1."""
+    multiplier, model = 7.0, {"policy": "learned_per_head", "model.num_layers": 1}
+    default, scaled = one_step_change(model, 1.0), one_step_change(model, multiplier)
+    policy_leaves = [name for name in default if "['policy_params']" in name]
+    assert policy_leaves and len(policy_leaves) < len(default)
+    for name in default:
+        if name in policy_leaves:
+            assert np.abs(default[name]).min() > 0, name
+            np.testing.assert_allclose(scaled[name], multiplier * default[name], rtol=1e-4,
+                                       err_msg=name)
+        else:
+            np.testing.assert_array_equal(scaled[name], default[name], err_msg=name)
+
+
+def test_scale_lr_multiplier_one_is_todays_optimiser(model_params):
+    """Multiplier 1 builds the very optimiser of configs that predate the field: same state
+    structure (earlier checkpoints restore) and the same updates bit for bit."""
+    old = optim.make_optimizer(OptimizerSettings(steps=10, warmup_steps=2, grad_clip=1.0,
+                                                 weight_decay=0.1))
+    new = optim.make_optimizer(OptimizerSettings(steps=10, warmup_steps=2, grad_clip=1.0,
+                                                 weight_decay=0.1, scale_lr_multiplier=1.0))
+    grads = jax.tree.map(lambda p: jnp.full_like(p, 0.3), model_params)
+    old_state, new_state = old.init(model_params), new.init(model_params)
+    assert jax.tree.structure(old_state) == jax.tree.structure(new_state)
+    old_updates, _ = old.update(grads, old_state, model_params)
+    new_updates, _ = new.update(grads, new_state, model_params)
+    for name, value in named_leaves(old_updates).items():
+        np.testing.assert_array_equal(named_leaves(new_updates)[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_scale_lr_multiplier_must_be_positive(value):
+    from scale_ablation.config import ConfigError, validate
+    with pytest.raises(ConfigError, match=r"^train\.scale_lr_multiplier must be a positive"):
+        validate(tiny_config(**{"train.scale_lr_multiplier": value}))

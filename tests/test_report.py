@@ -33,6 +33,7 @@ PLOTS = (
     "entropy_over_training.png",
     "final_bpb_vs_dk.png",
     "learned_scale_vs_dk.png",
+    "learned_scale_over_training.png",
     # The sweep has two learning rates of one policy: loss and logit growth against LR.
     "loss_vs_lr.png",
     "max_logit_over_training.png",

@@ -1,0 +1,97 @@
+"""The learned scale over training and float16's maximum on max-logit plots, drawn from
+synthetic run files; the drawn values checked against numpy means computed here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from experiments import base
+from scale_ablation import report, report_plots
+
+STEPS = (0, 25, 50)
+SEEDS = (0, 1, 2)
+
+
+def scale_at(policy: str, seed: int, layer: int, step: int) -> float:
+    start = 1.0 if policy == "learned:1.0" else 0.25
+    return start * (0.9 + 0.01 * seed + 0.02 * layer) ** (step / 25)
+
+
+def synthetic_run(policy: str, seed: int, d_k: int = 16) -> dict:
+    config = base.get_config("quick").to_dict()
+    config["policy"] = policy
+    config["model"]["head_dim"] = d_k
+    config["train"]["seed"] = seed
+    metrics = [{"step": step, "attn/layer0/entropy": 1.0, "attn/layer1/entropy": 1.0,
+                **{f"attn/layer{i}/learned_scale": scale_at(policy, seed, i, step)
+                   for i in (0, 1)}}
+               for step in STEPS]
+    if policy == "inv_sqrt_dk":  # a fixed scale logs none
+        metrics = [{k: v for k, v in r.items() if "learned" not in k} for r in metrics]
+    return {"name": f"{policy},{seed}", "overrides": {"policy": policy, "train.seed": seed},
+            "config": config, "metrics": metrics,
+            "summary": {"status": "completed", "final_val_bpb": 3.0, "final_val_loss": 2.0}}
+
+
+@pytest.fixture
+def captured(monkeypatch) -> list:
+    """The axes each plot saves (report_plots._save), kept for inspection."""
+    found = []
+    original = report_plots._save
+
+    def keep(fig, axes, ylabel, path):
+        found.append(axes)
+        original(fig, axes, ylabel, path)
+
+    monkeypatch.setattr(report_plots, "_save", keep)
+    return found
+
+
+def test_learned_scale_over_training_is_the_mean_over_seeds_and_layers(tmp_path, captured):
+    runs = [synthetic_run(p, s) for p in ("inv_sqrt_dk", "learned", "learned:1.0") for s in SEEDS]
+    rows = [report.summarise_run(run) for run in runs]
+    path = tmp_path / "scale.png"
+    assert report_plots.plot_learned_scale_over_training(runs, rows, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    (axes,) = captured
+    lines = {line.get_label(): line for line in axes[0][0].get_lines()}
+    for policy in ("learned", "learned:1.0"):
+        expected = [np.mean([[scale_at(policy, s, i, step) for i in (0, 1)] for s in SEEDS])
+                    for step in STEPS]
+        np.testing.assert_allclose(lines[policy].get_ydata(), expected, rtol=1e-12)
+        np.testing.assert_array_equal(lines[policy].get_xdata(), STEPS)
+    assert "inv_sqrt_dk" not in lines  # no learned scale, no line
+    (reference,) = [line for label, line in lines.items() if label.startswith("1/√d_k")]
+    assert list(reference.get_ydata()) == [1 / math.sqrt(16)] * 2
+
+
+def test_no_learned_scale_no_plot(tmp_path):
+    runs = [synthetic_run("inv_sqrt_dk", s) for s in SEEDS]
+    rows = [report.summarise_run(run) for run in runs]
+    assert not report_plots.plot_learned_scale_over_training(runs, rows, str(tmp_path / "x.png"))
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("dtype,drawn", [("float16", True), ("bfloat16", False), (None, False)])
+def test_float16_maximum_marked_when_the_sweep_has_float16_runs(dtype, drawn):
+    rows = [{"override:train.dtype": "float32"}, {} if dtype is None else
+            {"override:train.dtype": dtype}]
+    ax = Figure().subplots()
+    report_plots.mark_float16_max([ax], rows)
+    levels = [line.get_ydata()[0] for line in ax.get_lines()]
+    assert levels == ([float(np.finfo(np.float16).max)] if drawn else [])
+
+
+def test_max_logit_against_lr_carries_the_float16_line(tmp_path, captured):
+    rows = [{"policy": "none", "d_k": 32, "lr": lr, "seed": s, "status": "completed",
+             "override:train.dtype": "float16", "override:train.lr": lr,
+             "max_attention_logit/layer0": 10.0 ** (3 + lr + 0.1 * s)}
+            for lr in (0.01, 0.3) for s in SEEDS]
+    report_plots.plot_against_lr(rows, "max_attention_logit/layer0", "max", str(tmp_path / "m.png"),
+                                 unit=None, log_y=True, float16_line=True)
+    (axes,) = captured
+    assert any(list(line.get_ydata()) == [65504.0] * 2 for line in axes[0][0].get_lines())
