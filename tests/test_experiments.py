@@ -22,7 +22,7 @@ from scale_ablation.model import build_model
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
 VARIANTS = (None, "quick")
-CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity")  # the experiments sized for 2 cores
+CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity", "mqar")  # the experiments sized for 2 cores
 
 # The specification of the central ablation, written out here rather than imported.
 DK_SWEEP_POLICIES = (
