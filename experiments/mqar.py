@@ -26,7 +26,7 @@ Variants:
   (`provenance.flops_per_token`) are 3.26M at 1024 and 8.76M at 8192 (the tied output
   projection dominates), against 2.77M for `base.py:cpu`, whose 600 steps take ~45 s alone on 2
   cores; at that rate a 27-run hour allows ~1500 steps of 32 × 64 tokens at 1024 and ~560 at
-  8192. Sizing status, see CPU_SIZING: not yet shown to clear the bar.
+  8192. NOT SIZED YET: single runs of this config stay at the context guess (CPU_SIZING).
 - default (one accelerator): seq 256, 16 pairs, vocabulary 8192, d_model 128, one head with d_k
   64, 128 or 256 (the attention width follows d_k, as in dk_sweep's fixed-heads arm), batch
   256, 5000 steps; six policies; Zoology's LR grid logspace(-4, -2, 4); 3 seeds.
@@ -47,7 +47,14 @@ CPU_SIZING = """Single runs of the `cpu` model on the 2 shared cores (LR 3e-3, s
 against the context guess 0.25:
 - vocabulary 1024, 600 steps: 0.22-0.27 from step 100 to 600, 0.246 at the end (val loss 7.34
   -> 2.20 nats, still above ln 4 = 1.39, the loss of a uniform guess among the pairs' values).
-- vocabulary 1024, 1500 steps: RESULT_1500.
+- vocabulary 1024, 1500 steps (the `cpu` config as it stands): 0.22-0.26 at every evaluation,
+  0.232 at the end; val loss 1.98 nats, still above ln 4. 1214 s at ~2,600 tokens/s shared.
+- the same with model.init=gpt2: 0.23-0.25 to step 700 (val loss 2.80 against 2.42 for fan_in
+  there); stopped.
+So at ~3M tokens this model has not started to recall: the `cpu` study as sized would sit at
+the context-guess line. It is kept as the starting point for sizing; what may get there within
+a CPU hour is untested (more pairs per sequence, so more scored positions per token; an
+attention-only model as Zoology's; fewer, longer runs).
 - vocabulary 8192 (4 heads x 32, 75 steps): ~500 tokens/s while a vocabulary-1024 run shared
   the cores at ~1,800-2,600 tokens/s; stopped.
 - rotary positions, vocabulary 1024, LR 3e-3 and 1e-2: accuracy 0.25 at step 200 and 0.20 at
