@@ -49,18 +49,18 @@ against the context guess 0.25:
   -> 2.20 nats, still above ln 4 = 1.39, the loss of a uniform guess among the pairs' values).
 - vocabulary 1024, 1500 steps (the `cpu` config as it stands): 0.22-0.26 at every evaluation,
   0.232 at the end; val loss 1.98 nats, still above ln 4. 1214 s at ~2,600 tokens/s shared.
-- the same with model.init=gpt2: 0.23-0.25 to step 700 (val loss 2.80 against 2.42 for fan_in
+- the same with model.init=gpt2: 0.22-0.25 from step 200 to 700 (val loss 2.80 against 2.42 for fan_in
   there); stopped.
 - 8 pairs (context guess 0.125), 1000 steps: 0.12-0.14 at every evaluation from step 200,
   0.124 at the end; val loss 3.23 nats, above ln 8 = 2.08.
-So at ~3M tokens this model has not started to recall: the `cpu` study as sized would sit at
-the context-guess line. It is kept as the starting point for sizing; what may get there within
-a CPU hour is untested (an attention-only model as Zoology's; fewer, longer runs; a smaller
-vocabulary still).
 - vocabulary 8192 (4 heads x 32, 75 steps): ~500 tokens/s while a vocabulary-1024 run shared
   the cores at ~1,800-2,600 tokens/s; stopped.
 - rotary positions, vocabulary 1024, LR 3e-3 and 1e-2: accuracy 0.25 at step 200 and 0.20 at
   step 250, no better than learned positions; stopped.
+So at ~3M tokens this model has not started to recall: the `cpu` study as sized would sit at
+the context-guess line. It is kept as the starting point for sizing; what may get there within
+a CPU hour is untested (an attention-only model as Zoology's; fewer, longer runs; a smaller
+vocabulary still).
 """
 # (seq_len, pairs, vocabulary, d_model, batch, steps) per variant
 SETTINGS = {"quick": (64, 4, 256, 64, 8, 60),
