@@ -49,8 +49,8 @@ against the context guess 0.25:
   -> 2.20 nats, still above ln 4 = 1.39, the loss of a uniform guess among the pairs' values).
 - vocabulary 1024, 1500 steps (the `cpu` config as it stands): 0.22-0.26 at every evaluation,
   0.232 at the end; val loss 1.98 nats, still above ln 4. 1214 s at ~2,600 tokens/s shared.
-- the same with model.init=gpt2: 0.22-0.25 from step 200 to 700 (val loss 2.80 against 2.42 for fan_in
-  there); stopped.
+- the same with model.init=gpt2: 0.22-0.25 from step 200 to 700 (val loss 2.80 there, against
+  2.42 for fan_in); stopped.
 - 8 pairs (context guess 0.125), 1000 steps: 0.12-0.14 at every evaluation from step 200,
   0.124 at the end; val loss 3.23 nats, above ln 8 = 2.08.
 - vocabulary 8192 (4 heads x 32, 75 steps): ~500 tokens/s while a vocabulary-1024 run shared
