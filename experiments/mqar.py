@@ -12,12 +12,12 @@ a uniform guess among the value ids 2/V.
 
 Which Zoology setting it reproduces (Figure 2, `iclr24_zoology_figure2/configs.py`): vocabulary
 8192, 2 layers, one attention head with d_k = d_model, power_a 0.01, and (input length, pairs)
-(64, 4) on `cpu` (with vocabulary 1024, see below), (256, 16) by default. What it changes: the model is this project's decoder
-(learned positions, pre-LayerNorm, a 4x MLP after each attention; Zoology's attention blocks
-have no MLP and dropout 0.1), AdamW with warmup and cosine decay, and a fresh batch every step
-instead of 100k fixed training sequences; the drawn query slots are dealt to the pairs in a
-random order (Zoology gives the i-th draw to the i-th pair, which lets query order alone beat
-chance, see `data.MQAR`).
+(64, 4) on `cpu` (with vocabulary 1024, see below), (256, 16) by default. What it changes: the
+model is this project's decoder (learned positions, pre-LayerNorm, a 4x MLP after each
+attention; Zoology's attention blocks have no MLP and dropout 0.1), AdamW with warmup and cosine
+decay, and a fresh batch every step instead of 100k fixed training sequences; the drawn query
+slots are dealt to the pairs in a random order (Zoology gives the i-th draw to the i-th pair,
+which lets query order alone beat chance, see `data.MQAR`).
 
 Variants:
 - `cpu` (2 cores): seq 64, 4 pairs, vocabulary 1024, d_model 128, one head (d_k 128), batch 32,

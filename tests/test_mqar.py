@@ -45,7 +45,8 @@ def test_pairs_then_each_key_queried_once_for_its_value(num_pairs, vocab_size, s
     for inputs, targets, weights in zip(batch.inputs, batch.targets, batch.weights, strict=True):
         keys, values = parse(inputs, num_pairs)
         # Disjoint halves (0 is the filler, never a key); distinct keys and distinct values.
-        assert np.all((keys >= 1) & (keys < half)) and np.all((values >= half) & (values < vocab_size))
+        assert np.all((keys >= 1) & (keys < half))
+        assert np.all((values >= half) & (values < vocab_size))
         assert len(set(keys.tolist())) == len(set(values.tolist())) == num_pairs
         (queries,) = np.nonzero(weights)
         # One query per key, at the first token of a 2-token slot after the pairs.
