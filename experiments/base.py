@@ -52,8 +52,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME[:CONFIG]
     data.seq_len = 128
     data.val_batches = 4
-    data.mqar_num_pairs = 8  # key/value pairs per MQAR sequence
-    data.mqar_vocab_size = 64  # MQAR symbols drawn from this many byte values
+    data.mqar_num_pairs = 8  # key/value pairs per MQAR sequence (data.MQAR)
+    # MQAR ids, even, <= 8192: keys 1..V/2-1, values V/2..V-1; the model's vocabulary on MQAR.
+    # Optional `data.mqar_power_a` (Zoology's 0.01) is set by experiments/mqar.py, not here, so
+    # the data settings of runs made before it existed are unchanged (they must match to resume).
+    data.mqar_vocab_size = 64
 
     config.train = train = ml_collections.ConfigDict()
     train.steps = 600

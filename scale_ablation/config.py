@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from scale_ablation import data as data_lib
 from scale_ablation import policies
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -69,7 +70,8 @@ class ModelConfig:
         fields = {f.name for f in dataclasses.fields(cls)} - {"layer_policies", "dtype",
                                                              "vocab_size"}
         model = cls(**{name: config.model[name] for name in fields},
-                    layer_policies=tuple(layer_policy_specs(config)), dtype=config.train.dtype)
+                    layer_policies=tuple(layer_policy_specs(config)), dtype=config.train.dtype,
+                    vocab_size=data_lib.vocab_size(config.data))  # MQAR: its own ids
         model.check()
         return model
 
@@ -169,6 +171,8 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"train.{field} must be >= 0, got {t[field]}")
     if config.checkpoint.every < 0:
         raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
+    if d.source == "mqar":  # a generator: its settings can be checked before anything runs
+        data_lib.mqar_source(d, seed=0).check(d.seq_len)  # ValueError naming the field
 
 
 def changed_identity_fields(old: dict, new: dict,

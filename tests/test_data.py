@@ -202,50 +202,7 @@ def test_hf_source_without_the_extra_says_how_to_install(monkeypatch):
 # --- MQAR ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_pairs,vocab_size,seq_len", [(8, 64, 64), (4, 16, 16), (20, 255, 200)])
-def test_mqar_weighted_targets_are_the_values_paired_with_their_keys(
-    num_pairs, vocab_size, seq_len
-):
-    config = data_config(
-        source="mqar", seq_len=seq_len, mqar_num_pairs=num_pairs, mqar_vocab_size=vocab_size
-    )
-    batch = data.make_source(config, seed=1).train_batch(2, 32, seq_len)
-    assert batch.inputs.max() < min(data.VOCAB_SIZE, vocab_size + 1)
-    assert batch.inputs.min() >= 0
-    for inputs, targets, weights in zip(batch.inputs, batch.targets, batch.weights, strict=True):
-        # Re-parse the sequence: the pairs are its first 2 * num_pairs tokens.
-        keys, values = inputs[0 : 2 * num_pairs : 2], inputs[1 : 2 * num_pairs : 2]
-        assert len(set(keys.tolist())) == num_pairs
-        assert np.all(keys < vocab_size // 2) and np.all(values >= vocab_size // 2)
-        value_of = dict(zip(keys.tolist(), values.tolist(), strict=True))
-        (answer_positions,) = np.nonzero(weights)
-        assert np.all(answer_positions >= 2 * num_pairs)
-        assert sorted(inputs[answer_positions].tolist()) == sorted(value_of)
-        for position in answer_positions:
-            assert targets[position] == value_of[inputs[position]]
-        # Everything outside pairs and query/answer tokens is padding, weight 0.
-        used = np.zeros(seq_len, bool)
-        used[: 2 * num_pairs] = True
-        used[answer_positions] = used[answer_positions + 1] = True
-        assert np.all(inputs[~used] == vocab_size)
-        assert set(np.unique(weights)) <= {0.0, 1.0}
-
-
-@pytest.mark.parametrize(
-    "num_pairs,vocab_size,seq_len,problem",
-    [
-        (8, 64, 24, "seq_len >= 4"),
-        (8, 256, 64, "exceeds 256"),
-        (40, 64, 256, "fewer than data.mqar_num_pairs"),
-        (0, 64, 64, "must be >= 1"),
-    ],
-)
-def test_mqar_rejects_bad_parameters(num_pairs, vocab_size, seq_len, problem):
-    config = data_config(
-        source="mqar", seq_len=seq_len, mqar_num_pairs=num_pairs, mqar_vocab_size=vocab_size
-    )
-    with pytest.raises(ValueError, match=problem):
-        data.make_source(config, seed=0)
+# The task itself (pairs, queries, no answer leaks, the query-slot law): tests/test_mqar.py.
 
 
 def test_recall_accuracy():
