@@ -110,7 +110,7 @@ class MemberAxis:
     them, stepped by the plain train step. K > 1: every leaf gets a leading member axis and the
     step runs over it (`steps.over_members`)."""
 
-    def __init__(self, prepared: Sequence[PreparedRun]):
+    def __init__(self, prepared: Sequence[PreparedRun], donate: bool = True):
         first = prepared[0]
         self.count = len(prepared)
         self.seeds = [run.config.train.seed for run in prepared]
@@ -118,7 +118,8 @@ class MemberAxis:
         self.batch_size, self.seq_len = first.config.train.batch_size, first.config.data.seq_len
         programs = steps.programs(first.graphdef, first.optimizer,
                                   float(first.config.train.z_loss))
-        self._step = programs.train if self.count == 1 else programs.train_members
+        # donate=False keeps each input state alive after its step (the pipelined loop).
+        self._step = programs.train_program(self.count, donate)
         # (K, B, T): each member's rows split over the devices as in its solo run.
         self.batch_sharding = (first.batch_sharding if self.count == 1 else NamedSharding(
             first.batch_sharding.mesh, P(None, *first.batch_sharding.spec)))
