@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from scale_ablation import data as data_lib
 from scale_ablation import runs, steps
 from scale_ablation.checkpoints import CheckpointError, Checkpoints
-from scale_ablation.config import validate
+from scale_ablation.config import ModelConfig, validate
 from scale_ablation.runs import PreparedRun
 from scale_ablation.steps import TrainState
 
@@ -53,15 +53,7 @@ def shared_config(config: ml_collections.ConfigDict) -> str:
 
 def _graphdef(config: ml_collections.ConfigDict):
     """The graphdef `runs.init_state` builds, traced abstractly: no parameter is allocated."""
-    graphdefs = []
-
-    def init():
-        graphdef, state = runs.init_state(config)
-        graphdefs.append(graphdef)
-        return state
-
-    jax.eval_shape(init)
-    return graphdefs[0]
+    return runs.model_graphdef(ModelConfig.from_config(config))
 
 
 def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Hashable | None:
