@@ -46,6 +46,7 @@ from scale_ablation import (
     runs,
     runtime,
 )
+from scale_ablation.compile_log import CompileLog
 from scale_ablation.config import ConfigError, validate
 from scale_ablation.console import Progress
 from scale_ablation.run_files import FINISHED, RunFiles
@@ -359,9 +360,11 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     outcomes: dict[str, str] = {}
     try:
         if _PARALLEL.value == 1:
-            complete = run_in_process(sweep_dir, todo, progress, outcomes,
-                                      together=_ENSEMBLE.value, extra_hooks=extra_hooks,
-                                      extend=_EXTEND.value)
+            with CompileLog() as compile_log:
+                complete = run_in_process(sweep_dir, todo, progress, outcomes,
+                                          together=_ENSEMBLE.value, extra_hooks=extra_hooks,
+                                          extend=_EXTEND.value)
+            print(f"[sweep] {compile_log.line()}", flush=True)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
                                         outcomes, imports, _EXTEND.value)

@@ -1,0 +1,71 @@
+"""What a process compiles, counted from JAX's own monitoring events: each program handed to
+XLA (its name, seconds, and whether the persistent compilation cache supplied it) and the
+seconds spent tracing and lowering. A sweep prints the totals; the benchmarks and tests read
+them (a warm-cache rerun compiles no train step)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from jax import monitoring
+
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"
+_LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+_BACKEND = "/jax/core/compile/backend_compile_duration"  # XLA compile or a cache load
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"  # fired inside the backend event it answers
+
+
+@dataclasses.dataclass(frozen=True)
+class Compilation:
+    name: str  # the jitted function's name (train_step, eval_step, init, ...)
+    seconds: float
+    from_cache: bool  # loaded from the persistent compilation cache, not compiled
+
+
+class CompileLog:
+    """Open (`with CompileLog() as log:`) while the work to count runs; threads included."""
+
+    def __init__(self):
+        self.programs: list[Compilation] = []
+        self.trace_seconds = 0.0  # tracing to jaxprs and lowering to MLIR
+        self._lock = threading.Lock()
+        self._thread = threading.local()  # a cache hit seen, for this thread's backend event
+
+    def __enter__(self) -> CompileLog:
+        monitoring.register_event_listener(self._on_event)
+        monitoring.register_event_duration_secs_listener(self._on_duration)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        monitoring.unregister_event_listener(self._on_event)
+        monitoring.unregister_event_duration_listener(self._on_duration)
+
+    def _on_event(self, event: str, **kwargs) -> None:
+        if event == _CACHE_HIT:
+            self._thread.hit = True
+
+    def _on_duration(self, event: str, duration_secs: float, **kwargs) -> None:
+        with self._lock:
+            if event in (_TRACE, _LOWER):
+                self.trace_seconds += duration_secs
+            elif event == _BACKEND:
+                hit, self._thread.hit = getattr(self._thread, "hit", False), False
+                name = str(kwargs.get("fun_name", "?"))  # "jit(train_step)"
+                self.programs.append(Compilation(name.removeprefix("jit(").removesuffix(")"),
+                                                 duration_secs, hit))
+
+    def compiled(self, prefix: str = "") -> list[Compilation]:
+        """Programs XLA compiled (not loaded from the cache) whose name starts with `prefix`."""
+        return [p for p in self.programs if not p.from_cache and p.name.startswith(prefix)]
+
+    @property
+    def seconds(self) -> float:
+        """Tracing, lowering and XLA (compiling or loading) together."""
+        return self.trace_seconds + sum(p.seconds for p in self.programs)
+
+    def line(self) -> str:
+        loaded = sum(p.from_cache for p in self.programs)
+        return (f"compiled {len(self.compiled())} programs ({len(self.compiled('train_step'))} "
+                f"train steps), {loaded} loaded from the compilation cache, "
+                f"{self.seconds:.1f} s compiling")
