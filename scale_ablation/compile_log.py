@@ -14,6 +14,7 @@ _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 _BACKEND = "/jax/core/compile/backend_compile_duration"  # XLA compile or a cache load
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"  # fired inside the backend event it answers
+AHEAD_THREAD = "compile-ahead"  # the thread `scale_ablation.ahead` compiles in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +22,7 @@ class Compilation:
     name: str  # the jitted function's name (train_step, eval_step, init, ...)
     seconds: float
     from_cache: bool  # loaded from the persistent compilation cache, not compiled
+    thread: str  # the compiling thread's name ("compile-ahead": `scale_ablation.ahead`)
 
 
 class CompileLog:
@@ -53,7 +55,8 @@ class CompileLog:
                 hit, self._thread.hit = getattr(self._thread, "hit", False), False
                 name = str(kwargs.get("fun_name", "?"))  # "jit(train_step)"
                 self.programs.append(Compilation(name.removeprefix("jit(").removesuffix(")"),
-                                                 duration_secs, hit))
+                                                 duration_secs, hit,
+                                                 threading.current_thread().name))
 
     def compiled(self, prefix: str = "") -> list[Compilation]:
         """Programs XLA compiled (not loaded from the cache) whose name starts with `prefix`."""
@@ -66,6 +69,8 @@ class CompileLog:
 
     def line(self) -> str:
         loaded = sum(p.from_cache for p in self.programs)
-        return (f"compiled {len(self.compiled())} programs ({len(self.compiled('train_step'))} "
-                f"train steps), {loaded} loaded from the compilation cache, "
+        train_steps = self.compiled("train_step")
+        ahead = sum(p.thread == AHEAD_THREAD for p in train_steps)
+        return (f"compiled {len(self.compiled())} programs ({len(train_steps)} train steps, "
+                f"{ahead} of them ahead), {loaded} loaded from the compilation cache, "
                 f"{self.seconds:.1f} s compiling")

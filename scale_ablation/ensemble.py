@@ -142,6 +142,23 @@ class MemberAxis:
         return runs.to_device_batch(rows[0], self.batch_sharding)
 
     def step(self, state: TrainState, batch: dict, step: int) -> tuple[TrainState, dict]:
+        return self._step(state, batch, self._keys(step))
+
+    def _keys(self, step: int) -> jax.Array:
         if self.count == 1:
-            return self._step(state, batch, steps.dropout_key(self.seeds[0], step))
-        return self._step(state, batch, _dropout_keys(self._seed_array, step))
+            return steps.dropout_key(self.seeds[0], step)
+        return _dropout_keys(self._seed_array, step)
+
+    def example_batch(self) -> dict:
+        """A batch of zeros shaped and placed as `batch` places the members' batches."""
+        shape = (self.batch_size, self.seq_len)  # (B, T); (K, B, T) for K > 1
+        rows = data_lib.Batch(np.zeros(shape, np.int32), np.zeros(shape, np.int32),
+                              np.zeros(shape, np.float32))
+        if self.count > 1:
+            rows = data_lib.Batch(*(np.stack([x] * self.count) for x in (
+                rows.inputs, rows.targets, rows.weights)))
+        return runs.to_device_batch(rows, self.batch_sharding)
+
+    def compile_step(self, state: TrainState, batch: dict) -> None:
+        """Compile the step for these arguments without running it (`scale_ablation.ahead`)."""
+        self._step.lower(state, batch, self._keys(0)).compile()

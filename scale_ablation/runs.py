@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any
 
 import jax
@@ -98,11 +99,17 @@ _NO_POLICY_PARAMS = policies.ScalePolicy.__dataclass_fields__["init_fn"].default
 # parameters bit for bit (tests/test_init_program.py). It runs once per run: speed is moot.
 _EAGER_ROUNDING = {"xla_disable_hlo_passes": "algsimp"}
 _INIT_PROGRAMS: dict[tuple, Any] = {}
+_INIT_LOCK = threading.Lock()
 
 
 def _init_program(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
     """(seed, lr, base_scales (layers,)) -> state, compiled once per key from the first `model`
     of its key (the others differ only in the numbers it takes as inputs)."""
+    with _INIT_LOCK:  # `scale_ablation.ahead` builds programs in a thread of its own
+        return _init_program_locked(key, model, settings)
+
+
+def _init_program_locked(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
     if (key, settings) not in _INIT_PROGRAMS:
         tx = make_optimizer(settings) if settings is not None else None
 

@@ -1,5 +1,6 @@
-"""A sweep rerun in a fresh process with the persistent compilation cache compiles nothing: every
-program (train steps, init, eval, diagnostics) comes from the cache. Counted from JAX's own
+"""A sweep compiles each group's train step once, the next group's while the current one trains
+(`ahead`); rerun in a fresh process with the persistent compilation cache it compiles nothing:
+every program (train steps, init, eval, diagnostics) comes from the cache. Counted from JAX's own
 monitoring events (`compile_log.CompileLog`), which the sweep prints in its last lines."""
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ def sweep(arg=None):
     return [{"policy": "none"}, {"policy": "inv_dk"},
             {"policy": "inv_sqrt_dk", "model.head_dim": 8}]
 '''
-LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps\), (\d+) loaded")
+LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps, (\d+) of them "
+                  r"ahead\), (\d+) loaded")
 
 
-def run_sweep(spec: str, sweep_dir) -> tuple[int, int, int]:
-    """(programs compiled, train steps compiled, programs loaded from the cache)."""
+def run_sweep(spec: str, sweep_dir) -> tuple[int, int, int, int]:
+    """(programs compiled, train steps compiled, of them in the compile-ahead thread,
+    programs loaded from the cache)."""
     result = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
          f"--workdir={sweep_dir}", "--noreport"],
@@ -53,11 +56,14 @@ def test_warm_cache_rerun_compiles_nothing(tmp_path):
     experiment = tmp_path / "tiny_compile.py"
     experiment.write_text(EXPERIMENT)
     sweep_dir = tmp_path / "sweep"
-    compiled, train_steps, _ = run_sweep(str(experiment), sweep_dir)
-    assert train_steps == 2 and compiled > train_steps  # K=2 and solo; init, eval, diagnostics
+    compiled, train_steps, ahead, _ = run_sweep(str(experiment), sweep_dir)
+    assert compiled > train_steps  # init, eval, diagnostics, ...
+    # K=2 and solo, each once: the solo step was compiled while the ensemble trained, and its
+    # group used that program instead of compiling it again.
+    assert (train_steps, ahead) == (2, 1)
     for entry in sweep_dir.iterdir():  # the runs go, the compilation cache stays
         if entry.name != ".jax_cache":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    compiled, train_steps, loaded = run_sweep(str(experiment), sweep_dir)
+    compiled, train_steps, _, loaded = run_sweep(str(experiment), sweep_dir)
     assert (compiled, train_steps) == (0, 0)
     assert loaded > 0
