@@ -4,14 +4,19 @@ r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
    scalar policy and the learned ones, causal, forward and gradients.
 2. A 100-step bfloat16 run of experiments/base.py trains (loss falls, status completed).
 3. Tokens/s and MFU of the benchmark config (benchmarks/run.py's definitions).
+4. The device's idle fraction between steps in the training loop: 1 - (step time with steps
+   queued back to back, the device never waiting) / (step time in `train.train`'s loop, from its
+   metrics.jsonl timestamps). Near 0: the host keeps the device fed.
 Runs on a CPU too (the fused path is then XLA's), which is how it is tested before a GPU run.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +81,33 @@ def check_training(steps: int = 100) -> dict:
     return {"summary": summary, "first_logged_loss": first["train/loss"]}
 
 
+def device_idle_fraction(steps: int = 60, queued: int = 20) -> dict:
+    """How long the device waits on the host per step of the real loop (see the docstring)."""
+    config = bench.benchmark_config()
+    step, state, batch = bench.make_stepper(config)
+    key = jax.random.key(0)
+    for _ in range(3):  # compile and warm up
+        state, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(queued):
+        state, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    busy = (time.perf_counter() - start) / queued
+    config = experiment.apply_overrides(config, {
+        "train.steps": steps, "train.log_every": 1, "train.eval_every": steps,
+        "train.diag_every": 0, "checkpoint.every": 0, "wandb.mode": "disabled"})
+    with tempfile.TemporaryDirectory() as workdir:
+        train.train(config, workdir, progress=False)
+        loop = [row["perf/step_seconds"] for row in RunFiles(workdir).read_metrics()
+                if "perf/step_seconds" in row and 5 < row["step"] < steps]
+    loop_step = statistics.median(loop)
+    idle = max(0.0, 1.0 - busy / loop_step)
+    print(f"device idle between steps: {idle:.1%} (queued step {busy * 1e3:.2f} ms, loop step "
+          f"{loop_step * 1e3:.2f} ms)", flush=True)
+    return {"idle_fraction": idle, "queued_step_s": busy, "loop_step_s": loop_step}
+
+
 def main() -> int:
     print(json.dumps(bench.machine()), flush=True)
     errors = check_fused()
@@ -87,6 +119,7 @@ def main() -> int:
     mfu = tokens_per_s * bench.flops_per_token(config, num_params) / (peak * 1e9)
     print(f"benchmark config: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} "
           f"(peak {peak:,.0f} GFLOP/s measured here)", flush=True)
+    device_idle_fraction()
     failed = [spec for spec, err in errors.items() if not err <= TOLERANCE]
     trained = (run["summary"]["status"] == "completed"
                and run["summary"]["final_train_loss"] < run["first_logged_loss"])
