@@ -15,8 +15,8 @@ Prints a table and writes JSON with:
   sweep_speedup             dk_sweep.py:quick run naively (a fresh process per run, no
                             compilation cache) over the default in-process runner, cold (--quick:
                             a 4-point slice of that grid, stated in the JSON)
-  sweep_speedup_warm_cache  the same naive time over the runner in fresh run directories with
-                            the cold run's compilation cache (a rerun of the sweep)
+  sweep_speedup_warm_cache  the same naive time over the runner rerun in a fresh process, in the
+                            same sweep directory with its runs removed and its compilation cache
   compile_seconds_share     the cold runner's tracing, lowering and XLA seconds (its own count,
                             `[sweep] compiled ...`; the compile-ahead thread's overlap training)
                             over its wall time
@@ -299,9 +299,15 @@ def sweep_speedup(quick: bool) -> dict:
             f.write("from experiments import dk_sweep\n"
                     f"get_config = dk_sweep.get_config\ndef sweep(arg=None):\n"
                     f"    return {grid!r}\n")
-        runner, cold = _timed_sweep(f"{slice_file}:quick", f"{tmp}/runner/sweep", env)
-        shutil.copytree(f"{tmp}/runner/sweep/.jax_cache", f"{tmp}/warm/sweep/.jax_cache")
-        warm, warm_compiled = _timed_sweep(f"{slice_file}:quick", f"{tmp}/warm/sweep", env)
+        sweep_dir = f"{tmp}/runner/sweep"
+        runner, cold = _timed_sweep(f"{slice_file}:quick", sweep_dir, env)
+        # The rerun: the same directory without its runs. (The cache must stay where it was:
+        # its keys hold its path, through the XLA caches JAX keeps inside it.)
+        for entry in os.listdir(sweep_dir):
+            if entry != ".jax_cache":
+                path = os.path.join(sweep_dir, entry)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        warm, warm_compiled = _timed_sweep(f"{slice_file}:quick", sweep_dir, env)
     return {"runs": len(grid), "naive_s": naive, "runner_s": runner, "warm_s": warm,
             "speedup": naive / runner, "speedup_warm_cache": naive / warm,
             # Compile seconds include those of the compile-ahead thread, which overlap training.
