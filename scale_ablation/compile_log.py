@@ -30,18 +30,28 @@ class CompileLog:
 
     def __init__(self):
         self.programs: list[Compilation] = []
-        self.trace_seconds = 0.0  # tracing to jaxprs and lowering to MLIR
+        # (start, end) of each trace, lowering and XLA event per thread: traces nest (a jitted
+        # function calling another), so seconds are the length of their union.
+        self._spans: dict[str, list[tuple[float, float]]] = {}
         self._lock = threading.Lock()
         self._thread = threading.local()  # a cache hit seen, for this thread's backend event
 
     def __enter__(self) -> CompileLog:
         monitoring.register_event_listener(self._on_event)
         monitoring.register_event_duration_secs_listener(self._on_duration)
+        monitoring.register_event_time_span_listener(self._on_span)
         return self
 
     def __exit__(self, *exc) -> None:
         monitoring.unregister_event_listener(self._on_event)
         monitoring.unregister_event_duration_listener(self._on_duration)
+        monitoring.unregister_event_time_span_listener(self._on_span)
+
+    def _on_span(self, event: str, start_time: float, end_time: float, **kwargs) -> None:
+        if event in (_TRACE, _LOWER, _BACKEND):
+            with self._lock:
+                thread = threading.current_thread().name
+                self._spans.setdefault(thread, []).append((start_time, end_time))
 
     def _on_event(self, event: str, **kwargs) -> None:
         if event == _CACHE_HIT:
@@ -49,9 +59,7 @@ class CompileLog:
 
     def _on_duration(self, event: str, duration_secs: float, **kwargs) -> None:
         with self._lock:
-            if event in (_TRACE, _LOWER):
-                self.trace_seconds += duration_secs
-            elif event == _BACKEND:
+            if event == _BACKEND:
                 hit, self._thread.hit = getattr(self._thread, "hit", False), False
                 name = str(kwargs.get("fun_name", "?"))  # "jit(train_step)"
                 self.programs.append(Compilation(name.removeprefix("jit(").removesuffix(")"),
@@ -64,8 +72,16 @@ class CompileLog:
 
     @property
     def seconds(self) -> float:
-        """Tracing, lowering and XLA (compiling or loading) together."""
-        return self.trace_seconds + sum(p.seconds for p in self.programs)
+        """Wall seconds spent tracing, lowering and in XLA (compiling or loading), summed over
+        threads (the compile-ahead thread's overlap the main thread's training)."""
+        total = 0.0
+        with self._lock:
+            for spans in self._spans.values():
+                end = float("-inf")
+                for start, stop in sorted(spans):
+                    total += max(0.0, stop - max(start, end))
+                    end = max(end, stop)
+        return total
 
     def line(self) -> str:
         loaded = sum(p.from_cache for p in self.programs)
