@@ -4,20 +4,26 @@ r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
    scalar policy and the learned ones, causal, forward and gradients.
 2. A 100-step bfloat16 run of experiments/base.py trains (loss falls, status completed).
 3. Tokens/s and MFU of the benchmark config (benchmarks/run.py's definitions).
+4. The device's idle fraction between steps in the training loop: 1 - (step time with steps
+   queued back to back, the device never waiting) / (the period of a step in `train.train`'s
+   loop, from time stamps a hook takes at every step). Near 0: the host keeps the device fed.
 Runs on a CPU too (the fused path is then XLA's), which is how it is tested before a GPU run.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
 import sys
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
 
 from benchmarks import run as bench
-from scale_ablation import attention, experiment, policies, train
+from scale_ablation import attention, experiment, hooks, policies, train
 from scale_ablation.run_files import RunFiles
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
@@ -76,6 +82,40 @@ def check_training(steps: int = 100) -> dict:
     return {"summary": summary, "first_logged_loss": first["train/loss"]}
 
 
+def device_idle_fraction(config=None, steps: int = 60, queued: int = 20) -> dict:
+    """How long the device waits on the host per step of the real loop (see the docstring);
+    the benchmark config unless `config` is given."""
+    config = config or bench.benchmark_config()
+    step, state, batch = bench.make_stepper(config)
+    key = jax.random.key(0)
+    for _ in range(3):  # compile and warm up
+        state, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(queued):
+        state, metrics = step(state, batch, key)
+    jax.block_until_ready(metrics)
+    busy = (time.perf_counter() - start) / queued
+    loop_step = _loop_step_seconds(config, steps)
+    idle = max(0.0, 1.0 - busy / loop_step)
+    print(f"device idle between steps: {idle:.1%} (queued step {busy * 1e3:.2f} ms, loop step "
+          f"{loop_step * 1e3:.2f} ms)", flush=True)
+    return {"idle_fraction": idle, "queued_step_s": busy, "loop_step_s": loop_step}
+
+
+def _loop_step_seconds(config, steps: int) -> float:
+    """The median period of a step in `train.train`'s loop: time stamps taken by a hook at
+    every step (the first five, with compilation, and the last, with the evaluation, left out)."""
+    config = experiment.apply_overrides(config, {  # the config's own logging interval
+        "train.steps": steps, "train.eval_every": steps, "train.diag_every": 0,
+        "checkpoint.every": 0, "wandb.mode": "disabled"})
+    stamps: list[float] = []
+    stamp = hooks.Periodic(1, lambda member, tick: stamps.append(time.perf_counter()))
+    with tempfile.TemporaryDirectory() as workdir:
+        train.train(config, workdir, extra_hooks=[stamp], progress=False)
+    return statistics.median(b - a for a, b in itertools.pairwise(stamps[5:-1]))
+
+
 def main() -> int:
     print(json.dumps(bench.machine()), flush=True)
     errors = check_fused()
@@ -87,6 +127,7 @@ def main() -> int:
     mfu = tokens_per_s * bench.flops_per_token(config, num_params) / (peak * 1e9)
     print(f"benchmark config: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} "
           f"(peak {peak:,.0f} GFLOP/s measured here)", flush=True)
+    device_idle_fraction()
     failed = [spec for spec, err in errors.items() if not err <= TOLERANCE]
     trained = (run["summary"]["status"] == "completed"
                and run["summary"]["final_train_loss"] < run["first_logged_loss"])

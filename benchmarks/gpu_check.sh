@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Accelerator check, about five minutes on one GPU: fused (cuDNN) vs reference attention in
-# bf16 for every scalar and learned policy, a 100-step bf16 training run, tokens/s and MFU.
+# bf16 for every scalar and learned policy, a 100-step bf16 training run, tokens/s and MFU,
+# and the device's idle fraction between steps of the training loop.
 # Output goes to stdout and to benchmarks/results/gpu_check_<device>_<date>.txt.
 #   bash benchmarks/gpu_check.sh            # installs .[cuda12] into .venv if jax sees no GPU
 set -euo pipefail

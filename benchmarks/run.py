@@ -13,8 +13,17 @@ Prints a table and writes JSON with:
                             against the same K stepped one after another: vmapped on an
                             accelerator, `lax.map` on a CPU (both kinds in *_detail)
   sweep_speedup             dk_sweep.py:quick run naively (a fresh process per run, no
-                            compilation cache) over the default in-process runner (--quick: a
-                            4-point slice of that grid, stated in the JSON)
+                            compilation cache) over the default in-process runner, cold (--quick:
+                            a 4-point slice of that grid, stated in the JSON)
+  sweep_speedup_warm_cache  the same naive time over the runner rerun in a fresh process, in the
+                            same sweep directory with its runs removed and its compilation cache
+  compile_seconds_share     the cold runner's tracing, lowering and XLA seconds (its own count,
+                            `[sweep] compiled ...`; the compile-ahead thread's overlap training)
+                            over its wall time
+  host_sync_ratio           step time fetching every step's metrics before the next step over
+                            fetching them one step late (the pipelined loop); ~1 on a CPU, where
+                            the host and the "device" are the same cores
+  loadavg_before/_after     /proc/loadavg: timings from a loaded machine say so
   scalar_policy_compiles    train-step compilations for runs through six scalar policies at
                             one d_k in one process
 Timings exclude warm-up, repeat several times and report the median, blocked on results.
@@ -27,6 +36,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +53,8 @@ from scale_ablation import attention, data, experiment, optim, runs, steps, trai
 _QUICK = flags.DEFINE_bool("quick", False, "Fewer repetitions and a 4-point sweep slice.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
 _ENSEMBLE_K = flags.DEFINE_integer("ensemble_k", 8, "Members of the vmapped ensemble.")
+PARTS = ("step", "ensemble", "host_sync", "sweep")
+_ONLY = flags.DEFINE_list("only", [], f"Measure only these parts (default all): {PARTS}.")
 
 SCALAR_POLICIES = ("none", "inv_sqrt_dk", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2")
 
@@ -214,8 +226,59 @@ def scalar_policy_compiles(config) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def host_sync(config, reps: int, steps_per_rep: int = 8) -> dict:
+    """Seconds per train step when each step's metrics are fetched before the next step is
+    dispatched (the loop before pipelining) and when they are fetched one step late (the
+    pipelined loop); the same non-donating program for both."""
+    config = experiment.apply_overrides(config, {"train.seed": 0})
+    tx = optim.make_optimizer(config)
+    graphdef, state = runs.init_state(config, tx)
+    step = jax.jit(steps.make_train_step(graphdef, tx, 0.0))
+    _, _, batch = make_stepper(config)
+    key = jax.random.key(0)
+    holder = {"state": state}
+
+    def run(pipelined: bool):
+        pending = None
+        for _ in range(steps_per_rep):
+            holder["state"], metrics = step(holder["state"], batch, key)
+            if pending is not None:
+                jax.device_get(pending)
+            pending = metrics
+            if not pipelined:
+                jax.device_get(pending)
+                pending = None
+        return holder["state"]["step"]
+
+    synced = median_seconds(lambda: run(False), reps=reps) / steps_per_rep
+    pipelined = median_seconds(lambda: run(True), reps=reps) / steps_per_rep
+    return {"fetch_every_step_s": synced, "fetch_one_step_late_s": pipelined,
+            "ratio": synced / pipelined}
+
+
+COMPILE_LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps, (\d+) of "
+                          r"them ahead\), (\d+) loaded from the compilation cache, "
+                          r"([0-9.]+) s compiling")
+
+
+def _timed_sweep(spec: str, sweep_dir: str, env: dict) -> tuple[float, dict]:
+    """Wall seconds of the in-process sweep runner on `spec`, and what it compiled."""
+    start = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
+         f"--workdir={sweep_dir}", "--report=False"],
+        check=True, env=env, capture_output=True, text=True, cwd=os.getcwd())
+    seconds = time.perf_counter() - start
+    found = COMPILE_LINE.search(result.stdout)
+    names = ("programs_compiled", "train_steps_compiled", "train_steps_compiled_ahead",
+             "programs_from_cache", "compile_seconds")
+    compiled = dict(zip(names, (float(g) for g in found.groups()), strict=True)) if found else {}
+    return seconds, compiled
+
+
 def sweep_speedup(quick: bool) -> dict:
-    """Naive (fresh process per run, no cache) vs default runner, same grid, fresh dirs."""
+    """Naive (fresh process per run, no cache) vs the default runner on the same grid, cold
+    (fresh dirs, empty cache) and warm (fresh run dirs, the cold run's compilation cache)."""
     spec = "experiments/dk_sweep.py:quick"
     grid = experiment.load_grid(spec)
     if quick:  # one point per policy family at two head_dims: the same mechanism, less time
@@ -236,13 +299,27 @@ def sweep_speedup(quick: bool) -> dict:
             f.write("from experiments import dk_sweep\n"
                     f"get_config = dk_sweep.get_config\ndef sweep(arg=None):\n"
                     f"    return {grid!r}\n")
-        start = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "scale_ablation.sweep", f"--config={slice_file}:quick",
-             f"--workdir={tmp}/runner/sweep", "--report=False"],
-            check=True, env=env, capture_output=True, cwd=os.getcwd())
-        runner = time.perf_counter() - start
-    return {"runs": len(grid), "naive_s": naive, "runner_s": runner, "speedup": naive / runner}
+        sweep_dir = f"{tmp}/runner/sweep"
+        runner, cold = _timed_sweep(f"{slice_file}:quick", sweep_dir, env)
+        # The rerun: the same directory without its runs. (The cache must stay where it was:
+        # its keys hold its path, through the XLA caches JAX keeps inside it.)
+        for entry in os.listdir(sweep_dir):
+            if entry != ".jax_cache":
+                path = os.path.join(sweep_dir, entry)
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        warm, warm_compiled = _timed_sweep(f"{slice_file}:quick", sweep_dir, env)
+    return {"runs": len(grid), "naive_s": naive, "runner_s": runner, "warm_s": warm,
+            "speedup": naive / runner, "speedup_warm_cache": naive / warm,
+            # Compile seconds include those of the compile-ahead thread, which overlap training.
+            "compile_seconds_share": cold.get("compile_seconds", float("nan")) / runner,
+            "compiled_cold": cold, "compiled_warm": warm_compiled}
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load: timings from a loaded machine say so."""
+    with contextlib.suppress(OSError), open("/proc/loadavg") as f:
+        return f.read().strip()
+    return "unknown"
 
 
 def machine() -> dict:
@@ -257,12 +334,36 @@ def machine() -> dict:
 
 def main(argv: list[str]) -> int:
     del argv
-    quick = _QUICK.value
+    quick, only = _QUICK.value, set(_ONLY.value or PARTS)
+    unknown = only - set(PARTS)
+    if unknown:
+        print(f"error: --only: unknown parts {sorted(unknown)}; choose from {PARTS}",
+              file=sys.stderr)
+        return 2
     reps = 3 if quick else 7
-    results: dict = {"machine": machine(), "quick": quick}
-    results["matmul_peak_gflops"] = matmul_peak_gflops(reps)
-
+    results: dict = {"machine": machine(), "quick": quick, "loadavg_before": loadavg()}
     config = benchmark_config()
+    if "step" in only:
+        _step_figures(results, config, reps)
+    if "ensemble" in only:
+        _ensemble_figures(results, config, reps)
+    if "host_sync" in only:
+        sync = host_sync(config, reps)
+        results["host_sync_ratio"] = sync["ratio"]
+        results["host_sync_detail"] = sync
+    if "sweep" in only:
+        results["scalar_policy_compiles"] = scalar_policy_compiles(benchmark_config(tiny=True))
+        sweep = sweep_speedup(quick)
+        for name in ("speedup", "speedup_warm_cache", "compile_seconds_share"):
+            results[f"sweep_{name}" if name != "compile_seconds_share" else name] = sweep[name]
+        results["sweep_detail"] = sweep
+    results["loadavg_after"] = loadavg()
+    _show(results)
+    return 0
+
+
+def _step_figures(results: dict, config, reps: int) -> None:
+    results["matmul_peak_gflops"] = matmul_peak_gflops(reps)
     seconds, num_params = step_seconds(config, reps)
     tokens = config.train.batch_size * config.data.seq_len
     results["train_step_seconds"] = seconds
@@ -272,6 +373,8 @@ def main(argv: list[str]) -> int:
                             / (results["matmul_peak_gflops"] * 1e9))
     results["attention_overhead_ratio"] = attention_overhead_ratio(config, reps)
 
+
+def _ensemble_figures(results: dict, config, reps: int) -> None:
     k = _ENSEMBLE_K.value
     results["ensemble_k"] = k
     # The runner's strategy: vmap on accelerators, one mapped program on a CPU.
@@ -283,11 +386,8 @@ def main(argv: list[str]) -> int:
     results["ensemble_speedup"] = full[strategy]
     results["ensemble_detail"] = full
 
-    results["scalar_policy_compiles"] = scalar_policy_compiles(benchmark_config(tiny=True))
-    sweep = sweep_speedup(quick)
-    results["sweep_speedup"] = sweep["speedup"]
-    results["sweep_detail"] = sweep
 
+def _show(results: dict) -> None:
     width = max(len(key) for key in results)
     for key, value in results.items():
         if not isinstance(value, dict):
@@ -298,7 +398,6 @@ def main(argv: list[str]) -> int:
         with open(_OUT.value, "w") as f:
             json.dump(results, f, indent=2)
         print(f"wrote {_OUT.value}")
-    return 0
 
 
 if __name__ == "__main__":

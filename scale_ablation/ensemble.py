@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from scale_ablation import data as data_lib
 from scale_ablation import runs, steps
 from scale_ablation.checkpoints import CheckpointError, Checkpoints
-from scale_ablation.config import validate
+from scale_ablation.config import ModelConfig, validate
 from scale_ablation.runs import PreparedRun
 from scale_ablation.steps import TrainState
 
@@ -53,15 +53,7 @@ def shared_config(config: ml_collections.ConfigDict) -> str:
 
 def _graphdef(config: ml_collections.ConfigDict):
     """The graphdef `runs.init_state` builds, traced abstractly: no parameter is allocated."""
-    graphdefs = []
-
-    def init():
-        graphdef, state = runs.init_state(config)
-        graphdefs.append(graphdef)
-        return state
-
-    jax.eval_shape(init)
-    return graphdefs[0]
+    return runs.model_graphdef(ModelConfig.from_config(config))
 
 
 def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Hashable | None:
@@ -110,7 +102,7 @@ class MemberAxis:
     them, stepped by the plain train step. K > 1: every leaf gets a leading member axis and the
     step runs over it (`steps.over_members`)."""
 
-    def __init__(self, prepared: Sequence[PreparedRun]):
+    def __init__(self, prepared: Sequence[PreparedRun], donate: bool = True):
         first = prepared[0]
         self.count = len(prepared)
         self.seeds = [run.config.train.seed for run in prepared]
@@ -118,7 +110,8 @@ class MemberAxis:
         self.batch_size, self.seq_len = first.config.train.batch_size, first.config.data.seq_len
         programs = steps.programs(first.graphdef, first.optimizer,
                                   float(first.config.train.z_loss))
-        self._step = programs.train if self.count == 1 else programs.train_members
+        # donate=False keeps each input state alive after its step (the pipelined loop).
+        self._step = programs.train_program(self.count, donate)
         # (K, B, T): each member's rows split over the devices as in its solo run.
         self.batch_sharding = (first.batch_sharding if self.count == 1 else NamedSharding(
             first.batch_sharding.mesh, P(None, *first.batch_sharding.spec)))
@@ -149,6 +142,23 @@ class MemberAxis:
         return runs.to_device_batch(rows[0], self.batch_sharding)
 
     def step(self, state: TrainState, batch: dict, step: int) -> tuple[TrainState, dict]:
+        return self._step(state, batch, self._keys(step))
+
+    def _keys(self, step: int) -> jax.Array:
         if self.count == 1:
-            return self._step(state, batch, steps.dropout_key(self.seeds[0], step))
-        return self._step(state, batch, _dropout_keys(self._seed_array, step))
+            return steps.dropout_key(self.seeds[0], step)
+        return _dropout_keys(self._seed_array, step)
+
+    def example_batch(self) -> dict:
+        """A batch of zeros shaped and placed as `batch` places the members' batches."""
+        shape = (self.batch_size, self.seq_len)  # (B, T); (K, B, T) for K > 1
+        rows = data_lib.Batch(np.zeros(shape, np.int32), np.zeros(shape, np.int32),
+                              np.zeros(shape, np.float32))
+        if self.count > 1:
+            rows = data_lib.Batch(*(np.stack([x] * self.count) for x in (
+                rows.inputs, rows.targets, rows.weights)))
+        return runs.to_device_batch(rows, self.batch_sharding)
+
+    def compile_step(self, state: TrainState, batch: dict) -> None:
+        """Compile the step for these arguments without running it (`scale_ablation.ahead`)."""
+        self._step.lower(state, batch, self._keys(0)).compile()

@@ -226,11 +226,17 @@ class PreemptionFlag:
             signal.signal(sig, handler)
 
 
-def run_members(members: Sequence[Member]) -> None:
+def run_members(members: Sequence[Member], *, pipelined: bool = True) -> None:
     """Train the members (prepared to start from one step) to their end; each ends with a
-    summary. On an exception, members without one are recorded failed, and it is re-raised."""
+    summary. On an exception, members without one are recorded failed, and it is re-raised.
+
+    `pipelined`: step N+1 is dispatched before step N's metrics are read, so the host never
+    waits on the device between steps (rows, divergence, preemption and the final state are
+    the same as without; states are then not donated). False: each step's metrics are read
+    before the next is dispatched, and the state is donated to the next step.
+    """
     try:
-        _loop(list(members))
+        _loop(list(members), pipelined)
     except Exception as error:
         for member in members:
             if member.summary is None:
@@ -240,35 +246,77 @@ def run_members(members: Sequence[Member]) -> None:
         raise
 
 
-def _loop(members: list[Member]) -> None:
+@dataclasses.dataclass
+class _InFlight:
+    """A dispatched step: its state and metrics (device arrays) and when it was dispatched."""
+
+    step: int  # steps done once it finishes
+    state: TrainState
+    metrics: dict
+    dispatched: float
+
+
+def _loop(members: list[Member], pipelined: bool) -> None:
     first = members[0]
     t = first.config.train
-    axis = MemberAxis([m.run for m in members])
+    axis = MemberAxis([m.run for m in members], donate=not pipelined)
+    sources = [m.run.source for m in members]
     state = axis.stack([m.run.take_state() for m in members])
     for index, member in enumerate(members):
         member.begin(axis.member_state(state, index))
     active = list(range(len(members)))
+
+    def dispatch(state: TrainState, step: int) -> _InFlight:
+        dispatched = time.perf_counter()
+        new_state, metrics = axis.step(state, axis.batch(sources, step), step)
+        return _InFlight(step + 1, new_state, metrics, dispatched)
+
     with PreemptionFlag() as preemption:
-        for step in range(first.start_step, t.steps):
-            # Every process of a multi-host run stops at the same step (runtime.agreed_signal).
-            if (signum := runtime.agreed_signal(preemption.signal)) is not None:
-                for index in active:
-                    members[index].preempt(step, axis.member_state(state, index), signum)
+        in_flight = None
+        if first.start_step < t.steps:
+            if _preempt(members, active, axis, first.start_step, state, preemption):
                 return
-            started = time.perf_counter()
-            batch = axis.batch([m.run.source for m in members], step)
-            state, metrics = axis.step(state, batch, step)
-            metrics = jax.device_get(metrics)  # every value (K,), or scalar when K = 1
-            seconds = time.perf_counter() - started  # each member is charged the whole step
-            for index in list(active):
-                members[index].after_step(Tick(
-                    step=step + 1, last=step + 1 == t.steps, step_seconds=seconds,
-                    metrics=axis.member_metrics(metrics, index),
-                    state=functools.cache(functools.partial(axis.member_state, state, index))))
-                if members[index].summary is not None:  # diverged: frozen, its numbers unread
-                    active.remove(index)
-            if not active:
+            in_flight = dispatch(state, first.start_step)
+        hooks_done = time.perf_counter()
+        while in_flight is not None:
+            done, in_flight = in_flight, None
+            if pipelined and done.step < t.steps:
+                in_flight = dispatch(done.state, done.step)  # runs while `done` is read
+            metrics = jax.device_get(done.metrics)  # every value (K,), or scalar when K = 1
+            # Each member is charged the whole step: from its dispatch, or from the end of the
+            # previous step's hooks when it was dispatched before them.
+            seconds = time.perf_counter() - max(done.dispatched, hooks_done)
+            state = done.state
+            _after_step(members, active, axis, done, metrics, seconds, t.steps)
+            hooks_done = time.perf_counter()
+            if not active or (done.step < t.steps and _preempt(
+                    members, active, axis, done.step, state, preemption)):
                 return
+            if not pipelined and done.step < t.steps:
+                in_flight = dispatch(state, done.step)
     for index in active:
         members[index].complete(axis.member_state(state, index))
 
+
+def _after_step(members: list[Member], active: list[int], axis: MemberAxis, done: _InFlight,
+                metrics: dict, seconds: float, steps: int) -> None:
+    """Each active member's divergence check and hooks for the step `done`; a member that
+    diverged leaves `active` (frozen by the step, its numbers no longer read)."""
+    for index in list(active):
+        members[index].after_step(Tick(
+            step=done.step, last=done.step == steps, step_seconds=seconds,
+            metrics=axis.member_metrics(metrics, index),
+            state=functools.cache(functools.partial(axis.member_state, done.state, index))))
+        if members[index].summary is not None:
+            active.remove(index)
+
+
+def _preempt(members: list[Member], active: list[int], axis: MemberAxis, step: int,
+             state: TrainState, preemption: PreemptionFlag) -> bool:
+    """If a preemption signal came (to any process: `runtime.agreed_signal`, so that every
+    process stops at the same step), checkpoint the active members at `step` and say so."""
+    if (signum := runtime.agreed_signal(preemption.signal)) is None:
+        return False
+    for index in active:
+        members[index].preempt(step, axis.member_state(state, index), signum)
+    return True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from typing import Any
 
 import jax
@@ -18,7 +19,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from scale_ablation import data as data_lib
-from scale_ablation import sharding
+from scale_ablation import policies, sharding
 from scale_ablation.checkpoints import CheckpointError, Checkpoints
 from scale_ablation.config import (
     SCHEDULE_FIELDS,
@@ -58,18 +59,79 @@ class PreparedRun:
 
 
 def init_state(config: ml_collections.ConfigDict, tx=None) -> tuple[Any, TrainState]:
-    """(graphdef, state) of a fresh run: parameters from `train.seed`, optimiser state, step 0."""
-    model = build_model(ModelConfig.from_config(config), nnx.Rngs(params=config.train.seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = tx or make_optimizer(config)
-    state = {
-        "params": params,
-        "rest": rest,
-        "opt_state": tx.init(params),
-        "step": jnp.zeros((), jnp.int32),
-        "lr": jnp.asarray(config.train.lr, jnp.float32),
-    }
-    return graphdef, state
+    """(graphdef, state) of a fresh run: parameters from `train.seed`, optimiser state, step 0.
+
+    One jitted program per model shape and optimiser builds the whole state (`_init_program`):
+    the seed, the learning rate and each layer's scalar-policy number are its inputs, so every
+    run of a sweep at one shape shares it. With an explicit `tx` the optimiser state is built
+    outside it.
+    """
+    model = ModelConfig.from_config(config)
+    settings = None if tx is not None else OptimizerSettings.of(config)
+    program = _init_program(_init_key(model), model, settings)
+    base_scales = np.asarray([policies.get(spec).base_scale(model.head_dim)
+                              for spec in model.layer_policies], np.float32)  # (layers,)
+    state = program(jnp.asarray(config.train.seed, jnp.int32),
+                    jnp.asarray(config.train.lr, jnp.float32), base_scales)
+    if tx is not None:
+        state["opt_state"] = tx.init(state["params"])
+    return model_graphdef(model), state
+
+
+def model_graphdef(model: ModelConfig) -> Any:
+    """The graphdef of `model`, traced abstractly: no parameter is allocated."""
+    abstract = nnx.eval_shape(lambda: build_model(model, nnx.Rngs(params=0)))
+    return nnx.split(abstract, nnx.Param, ...)[0]
+
+
+def _init_key(model: ModelConfig) -> tuple:
+    """What the init program depends on: the model but the numbers of its scalar policies
+    (equal `ScalePolicy`s without parameters initialise the same parameters; their numbers are
+    inputs). A policy with parameters of its own keeps its spec: they may start from it."""
+    layers = tuple(policy if policy.init_fn is _NO_POLICY_PARAMS else spec
+                   for spec, policy in ((s, policies.get(s)) for s in model.layer_policies))
+    return dataclasses.replace(model, layer_policies=()), layers
+
+
+_NO_POLICY_PARAMS = policies.ScalePolicy.__dataclass_fields__["init_fn"].default
+# XLA's algebraic simplifier folds a normal sample's √2 into the initialiser's std, which moves
+# the last bit of some parameters: without it the program gives the eager, op-by-op init's
+# parameters bit for bit (tests/test_init_program.py). It runs once per run: speed is moot.
+_EAGER_ROUNDING = {"xla_disable_hlo_passes": "algsimp"}
+_INIT_PROGRAMS: dict[tuple, Any] = {}
+_INIT_LOCK = threading.Lock()
+
+
+def _init_program(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
+    """(seed, lr, base_scales (layers,)) -> state, compiled once per key from the first `model`
+    of its key (the others differ only in the numbers it takes as inputs)."""
+    with _INIT_LOCK:  # `scale_ablation.ahead` builds programs in a thread of its own
+        return _init_program_locked(key, model, settings)
+
+
+def _init_program_locked(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
+    if (key, settings) not in _INIT_PROGRAMS:
+        tx = make_optimizer(settings) if settings is not None else None
+
+        def init(seed, lr, base_scales):
+            built = build_model(model, nnx.Rngs(params=jax.random.key(seed)))
+            for block, scale in zip(built.blocks, base_scales, strict=True):
+                block.attention.base_scale.set_value(scale)
+            _, params, rest = nnx.split(built, nnx.Param, ...)
+            return {"params": params, "rest": rest,
+                    "opt_state": tx.init(params) if tx is not None else None,
+                    "step": jnp.zeros((), jnp.int32), "lr": lr}
+
+        args = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32),
+                jax.ShapeDtypeStruct((model.num_layers,), jnp.float32))
+        _INIT_PROGRAMS[(key, settings)] = jax.jit(init).lower(*args).compile(
+            compiler_options=_EAGER_ROUNDING)
+    return _INIT_PROGRAMS[(key, settings)]
+
+
+def init_compilations() -> int:
+    """Init programs compiled so far by this process (one per model shape and optimiser)."""
+    return len(_INIT_PROGRAMS)
 
 
 def check_same_run(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:

@@ -114,8 +114,10 @@ def over_members(step: Callable, backend: str) -> Callable:
     tiny members, benchmarks/run.py `ensemble_detail`), while stepping the members in turn
     inside one program ran 1.1x faster; accelerators want the one wide vmapped program."""
     if backend == "cpu":
-        return lambda states, batches, keys: jax.lax.map(lambda a: step(*a),
-                                                         (states, batches, keys))
+        def train_step_members(states, batches, keys):  # named: compile logs count train steps
+            return jax.lax.map(lambda a: step(*a), (states, batches, keys))
+
+        return train_step_members
     return jax.vmap(step)
 
 
@@ -127,6 +129,16 @@ class Programs:
     train_members: Callable  # the same over a leading member axis K (jit compiles once per K)
     eval: Callable
     diagnostics: Callable
+    # The same two without donation: the pipelined loop dispatches step N+1 while step N's
+    # hooks may still read state N (evaluation, checkpoints), so state N must outlive it.
+    train_kept: Callable
+    train_members_kept: Callable
+
+    def train_program(self, members: int, donate: bool) -> Callable:
+        """The train step for `members` runs (1: solo), donating its input state or not."""
+        if members == 1:
+            return self.train if donate else self.train_kept
+        return self.train_members if donate else self.train_members_kept
 
 
 _PROGRAMS: dict[tuple, Programs] = {}
@@ -137,16 +149,19 @@ def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Progr
     key = (graphdef, settings, z_loss)
     if key not in _PROGRAMS:
         step = make_train_step(graphdef, make_optimizer(settings), z_loss)
+        members = over_members(step, jax.default_backend())
         _PROGRAMS[key] = Programs(
             train=jax.jit(step, donate_argnums=0),
-            train_members=jax.jit(over_members(step, jax.default_backend()), donate_argnums=0),
+            train_members=jax.jit(members, donate_argnums=0),
             eval=jax.jit(make_eval_step(graphdef)),
             diagnostics=jax.jit(make_diagnostics_step(graphdef)),
+            train_kept=jax.jit(step),
+            train_members_kept=jax.jit(members),
         )
     return _PROGRAMS[key]
 
 
 def train_step_compilations() -> int:
     """Train-step programs (solo and ensemble) compiled so far by this process."""
-    return sum(p.train._cache_size() + p.train_members._cache_size()
-               for p in _PROGRAMS.values())
+    return sum(program._cache_size() for p in _PROGRAMS.values()
+               for program in (p.train, p.train_members, p.train_kept, p.train_members_kept))

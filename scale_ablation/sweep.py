@@ -46,6 +46,8 @@ from scale_ablation import (
     runs,
     runtime,
 )
+from scale_ablation.ahead import Ahead
+from scale_ablation.compile_log import CompileLog
 from scale_ablation.config import ConfigError, validate
 from scale_ablation.console import Progress
 from scale_ablation.run_files import FINISHED, RunFiles
@@ -60,6 +62,9 @@ _ENSEMBLE = flags.DEFINE_bool(
     "ensemble", True, "Train runs that differ only in a scalar policy's value, the seed or the "
     "learning rate as one vmapped program (in-process runner, --parallel=1, only).")
 
+_COMPILE_AHEAD = flags.DEFINE_bool(
+    "compile_ahead", True, "Compile each group's programs in a background thread while the "
+    "group before it trains (in-process runner).")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _EXTEND = flags.DEFINE_bool(
     "extend", False, "Continue runs trained with other train.steps, train.warmup_steps or "
@@ -162,14 +167,34 @@ def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = 
 
 def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
                    outcomes: dict[str, str] | None = None, together: bool = True,
-                   extra_hooks: Sequence[hooks.Periodic] = (), extend: bool = False) -> bool:
+                   extra_hooks: Sequence[hooks.Periodic] = (), extend: bool = False,
+                   compile_ahead: bool = True) -> bool:
     """Returns False if the sweep was preempted (stop; rerun to continue). Each run's status
     goes into `outcomes` (name -> status) when given. `together`: points that can share one
-    program (`ensemble.group`) train as one ensemble."""
+    program (`ensemble.group`) train as one ensemble. `compile_ahead`: each group's programs
+    are compiled in a background thread while the group before it trains (`ahead`)."""
     workdirs = [os.path.join(sweep_dir, point.name) for point in todo]
     groups = (ensemble.group([p.config for p in todo], workdirs) if together
               else [[index] for index in range(len(todo))])
+    ahead = Ahead() if compile_ahead else None
+    try:
+        return _run_groups(sweep_dir, todo, groups, progress, outcomes, extra_hooks, extend,
+                           ahead)
+    finally:
+        if ahead is not None:
+            ahead.wait()
+
+
+def _run_groups(sweep_dir: str, todo: list[Point], groups: list[list[int]], progress: Progress,
+                outcomes: dict[str, str] | None, extra_hooks: Sequence[hooks.Periodic],
+                extend: bool, ahead: Ahead | None) -> bool:
+    """`run_in_process` group by group; `ahead` compiles each group's programs while the one
+    before it trains."""
     for number, indices in enumerate(groups, start=1):
+        if ahead is not None:
+            ahead.wait()  # this group's programs, begun while the last one trained
+            if number < len(groups):
+                ahead.start([todo[index].config for index in groups[number]])
         points = [todo[index] for index in indices]
         label = points[0].name if len(points) == 1 else f"group {number}/{len(groups)}"
         group_hooks = [*extra_hooks, progress.step_hook(label)]
@@ -359,9 +384,12 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     outcomes: dict[str, str] = {}
     try:
         if _PARALLEL.value == 1:
-            complete = run_in_process(sweep_dir, todo, progress, outcomes,
-                                      together=_ENSEMBLE.value, extra_hooks=extra_hooks,
-                                      extend=_EXTEND.value)
+            with CompileLog() as compile_log:
+                complete = run_in_process(sweep_dir, todo, progress, outcomes,
+                                          together=_ENSEMBLE.value, extra_hooks=extra_hooks,
+                                          extend=_EXTEND.value,
+                                          compile_ahead=_COMPILE_AHEAD.value)
+            print(f"[sweep] {compile_log.line()}", flush=True)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
                                         outcomes, imports, _EXTEND.value)

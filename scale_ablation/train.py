@@ -36,11 +36,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
 def train_runs(configs: Sequence[ml_collections.ConfigDict],
                workdirs: Sequence[str | os.PathLike], labels: Sequence[str] | None = None,
                extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True, *,
-               extend: bool = False) -> list[dict]:
+               extend: bool = False, pipelined: bool = True) -> list[dict]:
     """Train unfinished runs that can step as one program (`ensemble.group`); return their
     summaries in order. `labels` prefix each run's printed lines (default: none for one run,
     the directory name for several); `progress=False` prints no step lines (a sweep prints its
-    own).
+    own); `pipelined=False` reads each step's metrics before dispatching the next
+    (`loop.run_members`).
 
     Raises ConfigError if a run is refused (one in use by another process included) and
     ValueError if the runs are no ensemble, both before any file is written.
@@ -53,11 +54,12 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
                     for config, workdir in zip(configs, workdirs, strict=True)]
         for workdir in workdirs:
             jsonfiles.remove_leftover_temporaries(workdir)
-        return _train_prepared(prepared, labels, extra_hooks, progress)
+        return _train_prepared(prepared, labels, extra_hooks, progress, pipelined)
 
 
 def _train_prepared(prepared: list[runs.PreparedRun], labels: Sequence[str] | None,
-                    extra_hooks: Sequence[hooks.Periodic], progress: bool) -> list[dict]:
+                    extra_hooks: Sequence[hooks.Periodic], progress: bool,
+                    pipelined: bool = True) -> list[dict]:
     ensemble.check_one_ensemble(prepared)
     if labels is None:
         labels = [""] if len(prepared) == 1 else [
@@ -73,5 +75,5 @@ def _train_prepared(prepared: list[runs.PreparedRun], labels: Sequence[str] | No
         for run in prepared[len(members):]:
             run.checkpoints.close()
         raise
-    run_members(members)
+    run_members(members, pipelined=pipelined)
     return [member.summary for member in members]

@@ -167,8 +167,9 @@ def test_the_ensemble_step_compiles_once(trained):
     config = trained["configs"]["none"]
     graphdef, _ = runs.init_state(config)
     step = steps.programs(graphdef, optim.OptimizerSettings.of(config),
-                          float(config.train.z_loss)).train_members
-    # 16 steps of 4 members, one of them frozen after diverging: one program.
+                          float(config.train.z_loss)).train_program(4, donate=False)
+    # 16 steps of 4 members, one of them frozen after diverging: one program (the pipelined
+    # loop's, which keeps each state for the hooks of its step: no donation).
     assert step._cache_size() == 1
 
 

@@ -1,0 +1,69 @@
+"""A sweep compiles each group's train step once, the next group's while the current one trains
+(`ahead`); rerun in a fresh process with the persistent compilation cache it compiles nothing:
+every program (train steps, init, eval, diagnostics) comes from the cache. Counted from JAX's own
+monitoring events (`compile_log.CompileLog`), which the sweep prints in its last lines."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from helpers import REPO
+
+# Two runs that train as one ensemble and one of another shape that trains alone.
+EXPERIMENT = '''
+from experiments import base
+
+
+def get_config(arg=None):
+    config = base.get_config("quick")
+    model, data, train = config.model, config.data, config.train
+    model.d_model, model.num_layers, model.num_heads, model.head_dim = 32, 1, 2, 16
+    data.seq_len, data.val_batches = 32, 1
+    train.steps, train.batch_size, train.warmup_steps = 4, 4, 0
+    train.log_every = train.eval_every = train.diag_every = 2
+    config.checkpoint.every = 4
+    config.wandb.mode = "disabled"
+    return config
+
+
+def sweep(arg=None):
+    return [{"policy": "none"}, {"policy": "inv_dk"},
+            {"policy": "inv_sqrt_dk", "model.head_dim": 8}]
+'''
+LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps, (\d+) of them "
+                  r"ahead\), (\d+) loaded")
+
+
+def run_sweep(spec: str, sweep_dir) -> tuple[int, int, int, int]:
+    """(programs compiled, train steps compiled, of them in the compile-ahead thread,
+    programs loaded from the cache)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
+         f"--workdir={sweep_dir}", "--noreport"],
+        cwd=REPO, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = LINE.search(result.stdout)
+    assert found, result.stdout
+    return tuple(int(n) for n in found.groups())
+
+
+def test_warm_cache_rerun_compiles_nothing(tmp_path):
+    experiment = tmp_path / "tiny_compile.py"
+    experiment.write_text(EXPERIMENT)
+    sweep_dir = tmp_path / "sweep"
+    compiled, train_steps, ahead, _ = run_sweep(str(experiment), sweep_dir)
+    assert compiled > train_steps  # init, eval, diagnostics, ...
+    # K=2 and solo, each once: the solo step was compiled while the ensemble trained, and its
+    # group used that program instead of compiling it again.
+    assert (train_steps, ahead) == (2, 1)
+    for entry in sweep_dir.iterdir():  # the runs go, the compilation cache stays
+        if entry.name != ".jax_cache":
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    compiled, train_steps, _, loaded = run_sweep(str(experiment), sweep_dir)
+    assert (compiled, train_steps) == (0, 0)
+    assert loaded > 0

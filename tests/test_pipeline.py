@@ -1,0 +1,106 @@
+"""The pipelined loop (step N+1 dispatched before step N's metrics are read) against the loop
+that reads every step's metrics first (`pipelined=False`, the loop as it was, donation
+included): the same metrics.jsonl rows, summaries and final states, bit for bit, for a solo
+run, an ensemble with a member that diverges, a solo run that diverges, and a preempted run.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from helpers import tiny_config
+
+from scale_ablation import hooks, runs, train
+from scale_ablation.checkpoints import Checkpoints
+from scale_ablation.run_files import RunFiles
+
+# Dropout on, so that each step's key must be the same in both loops; no warmup or clipping,
+# so that the diverging lr diverges within the run (tests/test_ensemble.py: step 4).
+SHARED = {"model.attention_dropout": 0.1, "train.steps": 12, "train.warmup_steps": 0,
+          "train.grad_clip": 0.0, "train.log_every": 1, "train.eval_every": 4,
+          "train.diag_every": 6, "checkpoint.every": 6}
+MEMBERS = {
+    "none": {"policy": "none", "train.seed": 0, "train.lr": 3e-3},
+    "const": {"policy": "const:0.3", "train.seed": 2, "train.lr": 5e-3},
+    "diverging": {"policy": "inv_sqrt_dk", "train.seed": 3, "train.lr": 1e4},
+}
+TIMINGS = ("wall_seconds", "tokens_per_second", "environment")  # differ between any two runs
+
+
+def config_of(name: str):
+    return tiny_config(**SHARED, **MEMBERS[name])
+
+
+def rows_of(workdir) -> list[dict]:
+    """metrics.jsonl without its timings (perf/*)."""
+    return [{k: v for k, v in row.items() if not k.startswith("perf/")}
+            for row in RunFiles(workdir).read_metrics()]
+
+
+def state_at(workdir, config, step: int) -> list[np.ndarray]:
+    _, like = runs.init_state(config)
+    checkpoints = Checkpoints(workdir)
+    try:
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpoints.restore(step, like))]
+    finally:
+        checkpoints.close()
+
+
+def assert_same_run(got_dir, want_dir, config) -> None:
+    """Rows, summary (but timings) and every saved checkpoint equal, bit for bit."""
+    assert rows_of(got_dir) == rows_of(want_dir)
+    got, want = RunFiles(got_dir).read_summary(), RunFiles(want_dir).read_summary()
+    for field in TIMINGS:
+        got.pop(field), want.pop(field)
+    assert got == want
+    saved = sorted(runs.checkpoint_steps(want_dir))
+    assert sorted(runs.checkpoint_steps(got_dir)) == saved
+    for step in saved:
+        for a, b in zip(state_at(got_dir, config, step), state_at(want_dir, config, step),
+                        strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def train_both(root, names: list[str], **kwargs) -> dict[bool, list[dict]]:
+    """The runs `names` trained as one group, pipelined and not, under root/{on,off}/NAME."""
+    return {pipelined: train.train_runs(
+        [config_of(name) for name in names],
+        [root / ("on" if pipelined else "off") / name for name in names],
+        pipelined=pipelined, **kwargs) for pipelined in (True, False)}
+
+
+def test_solo_run_is_the_same(tmp_path):
+    summaries = train_both(tmp_path, ["const"])
+    assert [s["status"] for s in summaries[True]] == ["completed"]
+    assert_same_run(tmp_path / "on" / "const", tmp_path / "off" / "const", config_of("const"))
+
+
+def test_ensemble_with_a_diverging_member_is_the_same(tmp_path):
+    names = list(MEMBERS)
+    summaries = train_both(tmp_path, names)
+    statuses = {name: s["status"] for name, s in zip(names, summaries[True], strict=True)}
+    assert statuses == {"none": "completed", "const": "completed", "diverging": "diverged"}
+    assert 0 < summaries[True][2]["diverged_at_step"] < SHARED["train.steps"]
+    for name in names:
+        assert_same_run(tmp_path / "on" / name, tmp_path / "off" / name, config_of(name))
+
+
+def test_solo_divergence_stops_at_the_same_step(tmp_path):
+    summaries = train_both(tmp_path, ["diverging"])
+    on, off = summaries[True][0], summaries[False][0]
+    assert on["status"] == off["status"] == "diverged"
+    assert on["diverged_at_step"] == off["diverged_at_step"]
+    rows = RunFiles(tmp_path / "on" / "diverging").read_metrics()
+    assert rows[-1]["step"] == on["diverged_at_step"] and rows[-1]["train/diverged"] == 1.0
+    assert_same_run(tmp_path / "on" / "diverging", tmp_path / "off" / "diverging",
+                    config_of("diverging"))
+
+
+@pytest.mark.parametrize("at", [5, 6])  # between checkpoints, and at one
+def test_preemption_stops_at_the_same_step(tmp_path, at):
+    summaries = train_both(tmp_path, ["none"], extra_hooks=[hooks.signal_at(str(at))])
+    for pipelined in (True, False):
+        summary = summaries[pipelined][0]
+        assert (summary["status"], summary["steps_completed"]) == ("preempted", at)
+    assert_same_run(tmp_path / "on" / "none", tmp_path / "off" / "none", config_of("none"))
