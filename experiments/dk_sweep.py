@@ -19,10 +19,12 @@ carry `model.num_heads`, so the report's variants (`none (num_heads=8)`) name th
 Variants:
 - `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed
   width) and 1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and
-  1/d_k, against 1/√d_k; LR grid {1e-3, 3e-3, 1e-2} × 3 seeds: 81 runs of 600 steps, about an
-  hour on 2 cores. The other policies (1/log d_k, a constant, learned, QK-LayerNorm,
-  log-length) and the init axis are left to `gpu`: on 2 cores three seeds at three LRs of three
-  policies is what fits, and a grid of eight policies at one seed would sit at noise level.
+  1/d_k, against 1/√d_k; LR grid {1e-3, 3e-3, 1e-2, 3e-2} × 3 seeds: 108 runs of 600 steps,
+  about 80 minutes on a quiet 2-core machine. The grid first stopped at 1e-2; at d_k 16 1/d_k's
+  best LR sat on that edge (`experiments/results/dk_sweep_cpu`), so 3e-2 was added: rerunning the
+  sweep command runs only the new points. The other policies (1/log d_k, a constant, learned,
+  QK-LayerNorm, log-length) and the init axis are left to `gpu`: on 2 cores three seeds at four
+  LRs of three policies is what fits, and eight policies at one seed would sit at noise level.
 - default (one accelerator): d_model 512, fixed width at d_k 16…512 and fixed heads (4) at d_k
   16…1024, every policy, both inits, three seeds, 3000 steps. It reads `data.source` from the
   `gpu` base variant; its token budget should not repeat the corpus (the report warns if it does).
@@ -48,7 +50,7 @@ CPU_POLICIES = ("inv_sqrt_dk", "none", "inv_dk")  # the reference and the articl
 HEAD_DIMS = (16, 64, 256, 1024)  # the fixed-heads arm's d_k (default; quick: its ends)
 FIXED_HEADS = {"quick": 2, "cpu": 1, None: 4}
 INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and GPT-2's
-CPU_LRS = (1e-3, 3e-3, 1e-2)
+CPU_LRS = (1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def get_config(arg: str | None = None):
