@@ -194,8 +194,11 @@ def load_claims(spec: str) -> list[Claim]:
     return list(module.claims(arg)) if hasattr(module, "claims") else []
 
 
-def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str) -> bool:
-    """Write claims.md for the experiment's claims; False (nothing written) when it has none."""
+def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str,
+                 without_result: int = 0) -> bool:
+    """Write claims.md for the experiment's claims; False (nothing written) when it has none.
+    `without_result`: the sweep's runs with no result yet, said at the top, since the verdicts
+    rest on the others."""
     try:
         declared = load_claims(spec)
     except ValueError:  # the experiment file is not where the sweep ran it from
@@ -205,6 +208,9 @@ def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str) -> bool
     lines = [f"# Claims tested by `{spec}`", "",
              f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}`",
              "", "Verdicts are computed by scale_ablation/claims.py from the runs' files.", ""]
+    if without_result:
+        lines += [f"**{without_result} of the sweep's runs have no result yet (summary.md lists "
+                  "them): these verdicts rest on the runs that finished.**", ""]
     for i, claim in enumerate(declared, 1):
         verdict = judge(claim, rows)
         lines += [f"## {i}. {claim.text}" + (f" ({claim.source})" if claim.source else ""), "",

@@ -134,14 +134,16 @@ def write_report(sweep_dir: str, reference: str | None = None) -> str:
         writer.writeheader()
         writer.writerows(rows)
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
-    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete_runs(sweep_dir))
+    incomplete = incomplete_runs(sweep_dir)
+    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete)
     warning = repeated_data_warning(rows)
     if warning:  # inserted last, so it comes first, right after the noise floor
         _insert_after_noise_floor(os.path.join(out, "summary.md"), warning)
     report_plots.write_plots(runs, rows, out)
     spec = _experiment_spec(sweep_dir)
     if spec is not None:
-        claims.write_claims(spec, sweep_dir, rows, os.path.join(out, "claims.md"))
+        claims.write_claims(spec, sweep_dir, rows, os.path.join(out, "claims.md"),
+                            without_result=len(incomplete))
     _log_to_wandb(sweep_dir, runs, header, rows)
     return out
 

@@ -285,6 +285,11 @@ EXPERIMENT = textwrap.dedent('''
 
     def sweep(arg=None):
         return [{{"train.seed": 0}}, {{"train.seed": 1, "data.source": "text:no_such_file.txt"}}]
+
+    def claims(arg=None):
+        from scale_ablation import claims as claims_lib
+        return [claims_lib.Claim("1/sqrt(d_k) trains",
+                                 claims_lib.Unstable(("inv_sqrt_dk",), expect_unstable=False))]
 ''')
 
 
@@ -301,6 +306,9 @@ def test_a_sweep_with_a_failed_run_exits_4_and_reports_it_first(tmp_path):
     # After the noise-floor line (when the sweep has one), before any table.
     first_lines = (sweep_dir / "report" / "summary.md").read_text().splitlines()[:6]
     assert any(failed[0] in line and "failed" in line for line in first_lines)
+    # The verdicts say they rest on part of the grid, counted as sweep.json counts it.
+    claims_md = (sweep_dir / "report" / "claims.md").read_text()
+    assert f"**{len(failed)} of the sweep's runs have no result yet" in claims_md
 
 
 def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
