@@ -156,10 +156,22 @@ def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
     jsonfiles.write_json_atomic(os.path.join(sweep_dir, "sweep.json"), record, sort_keys=False)
 
 
-def command(spec: str, sweep_dir: str, point: Point, imports: tuple[str, ...] = (),
-            extend: bool = False) -> list[str]:
-    return [sys.executable, "-m", "scale_ablation.main", f"--config={spec}",
-            *plugins.flag_args(imports), *(["--extend"] if extend else []),
+@dataclasses.dataclass(frozen=True)
+class RunFlags:
+    """The sweep's flags that each run process of `--parallel` gets too."""
+
+    imports: tuple[str, ...] = ()
+    extend: bool = False
+    verbose: bool = False
+
+    def args(self) -> list[str]:
+        return [*plugins.flag_args(self.imports), *(["--extend"] if self.extend else []),
+                *(["--verbose"] if self.verbose else [])]
+
+
+def command(spec: str, sweep_dir: str, point: Point, run_flags: RunFlags = RunFlags()
+            ) -> list[str]:
+    return [sys.executable, "-m", "scale_ablation.main", f"--config={spec}", *run_flags.args(),
             f"--workdir={os.path.join(sweep_dir, point.name)}",
             f"--config.wandb.group={point.config.wandb.group}", "--config.wandb.job_type=sweep",
             *experiment.override_flags(point.overrides)]
@@ -281,7 +293,7 @@ def process_env(slot: int, gpus: list[str]) -> dict[str, str]:
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
                      parallel: int, outcomes: dict[str, str] | None = None,
-                     imports: tuple[str, ...] = (), extend: bool = False) -> bool:
+                     run_flags: RunFlags = RunFlags()) -> bool:
     pending, running = list(todo), {}
     free_slots, gpus = list(range(parallel)), visible_gpus()
     preempted = False
@@ -290,7 +302,7 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
             while pending and free_slots and not preempted:
                 point, slot = pending.pop(0), free_slots.pop(0)
                 log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
-                process = subprocess.Popen(command(spec, sweep_dir, point, imports, extend),
+                process = subprocess.Popen(command(spec, sweep_dir, point, run_flags),
                                            stdout=log,
                                            stderr=subprocess.STDOUT, env=process_env(slot, gpus))
                 running[point.name] = (process, point, log, slot)
@@ -324,6 +336,10 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
     return not preempted
 
 
+def _run_flags(imports: tuple[str, ...]) -> RunFlags:
+    return RunFlags(imports, extend=_EXTEND.value, verbose=_VERBOSE.value)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -355,8 +371,7 @@ def main(argv: list[str]) -> int:
     if _DRY_RUN.value:
         for point in points:
             print(f"{statuses[point.name]:>10}  {point.name}")
-            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point, imports,
-                                                    _EXTEND.value)))
+            print("            " + " ".join(command(_CONFIG.value, sweep_dir, point, _run_flags(imports))))
         print(f"{len(points)} runs, {len(todo)} to run")
         return 0
     try:
@@ -392,7 +407,7 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
             print(f"[sweep] {compile_log.line()}", flush=True)
         else:
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
-                                        outcomes, imports, _EXTEND.value)
+                                        outcomes, _run_flags(imports))
     finally:
         write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes)
     if not complete:

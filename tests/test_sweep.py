@@ -320,6 +320,18 @@ def test_dry_run_of_a_new_sweep_lists_the_runs_and_creates_nothing(experiment_fi
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("passed", [(), ("--verbose",), ("--verbose", "--extend")])
+def test_run_processes_get_the_sweeps_own_flags(experiment_file, tmp_path, passed):
+    """`--parallel` runs each point as `main`: the sweep's --verbose and --extend go with it."""
+    result = run_sweep(f"--config={experiment_file}:report", f"--workdir={tmp_path / 'plan'}",
+                       "--dry_run", *passed)
+    assert result.returncode == 0, result.stderr
+    commands = [line.split() for line in result.stdout.splitlines() if "scale_ablation.main" in line]
+    assert len(commands) == len(GRIDS["report"])
+    for words in commands:
+        assert {w for w in words if w in ("--verbose", "--extend")} == set(passed)
+
+
 @pytest.mark.parametrize(
     ("grid", "named"),
     [("bad_field", "no_such_field"), ("bad_policy", "no_such_policy"), ("bad_type", "train.lr"),
