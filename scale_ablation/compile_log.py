@@ -74,9 +74,19 @@ class CompileLog:
     def seconds(self) -> float:
         """Wall seconds spent tracing, lowering and in XLA (compiling or loading), summed over
         threads (the compile-ahead thread's overlap the main thread's training)."""
+        return self._seconds(lambda thread: True)
+
+    @property
+    def seconds_waited(self) -> float:
+        """The same outside the compile-ahead thread: compilation the training waited for."""
+        return self._seconds(lambda thread: thread != AHEAD_THREAD)
+
+    def _seconds(self, counts) -> float:
         total = 0.0
         with self._lock:
-            for spans in self._spans.values():
+            for thread, spans in self._spans.items():
+                if not counts(thread):
+                    continue
                 end = float("-inf")
                 for start, stop in sorted(spans):
                     total += max(0.0, stop - max(start, end))
@@ -89,4 +99,4 @@ class CompileLog:
         ahead = sum(p.thread == AHEAD_THREAD for p in train_steps)
         return (f"compiled {len(self.compiled())} programs ({len(train_steps)} train steps, "
                 f"{ahead} of them ahead), {loaded} loaded from the compilation cache, "
-                f"{self.seconds:.1f} s compiling")
+                f"{self.seconds:.1f} s compiling ({self.seconds_waited:.1f} s not ahead)")

@@ -97,6 +97,18 @@ def check_one_ensemble(prepared: Sequence[PreparedRun]) -> None:
 _dropout_keys = jax.jit(jax.vmap(steps.dropout_key, in_axes=(0, None)))
 
 
+# Stacking and taking members as one program each: leaf by leaf, op by op, they compiled one
+# small program per leaf shape (about 30 per group of a sweep, `python -m benchmarks.run`).
+@jax.jit
+def _stacked(states: list[TrainState]) -> TrainState:
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # every leaf (K, ...)
+
+
+@jax.jit
+def _member(state: TrainState, index: jax.Array) -> TrainState:
+    return jax.tree.map(lambda leaf: leaf[index], state)  # (K, ...) -> (...)
+
+
 class MemberAxis:
     """How K runs line up in one program. K = 1: states, batches and keys as a solo run has
     them, stepped by the plain train step. K > 1: every leaf gets a leading member axis and the
@@ -119,12 +131,12 @@ class MemberAxis:
     def stack(self, states: Sequence[TrainState]) -> TrainState:
         if self.count == 1:
             return states[0]
-        return jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # every leaf (K, ...)
+        return _stacked(list(states))
 
     def member_state(self, state: TrainState, index: int) -> TrainState:
         if self.count == 1:
             return state
-        return jax.tree.map(lambda leaf: leaf[index], state)  # (K, ...) -> (...)
+        return _member(state, index)
 
     def member_metrics(self, metrics: dict, index: int) -> dict[str, float]:
         if self.count == 1:

@@ -20,7 +20,7 @@ import jax
 from scale_ablation import provenance, runtime
 from scale_ablation.ensemble import MemberAxis
 from scale_ablation.evaluation import Evaluator
-from scale_ablation.optim import lr_multiplier
+from scale_ablation.optim import lr_multiplier_program
 from scale_ablation.run_files import SUMMARY_FIELDS
 from scale_ablation.runs import PreparedRun
 from scale_ablation.steps import TrainState
@@ -96,7 +96,7 @@ class Member:
         self.run, self.config, self.label, self.hooks = run, run.config, label, list(hooks)
         self.checkpoints = run.checkpoints
         self.evaluator = Evaluator(run)
-        self.schedule = lr_multiplier(run.optimizer)
+        self.schedule = lr_multiplier_program(run.optimizer)
         self.tokens_per_step = self.config.train.batch_size * self.config.data.seq_len
         self.start_step = int(run.state["step"])
         self.clock = Clock(self.tokens_per_step, (run.previous or {}).get("wall_seconds") or 0.0)

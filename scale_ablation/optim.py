@@ -10,6 +10,8 @@ learning rate that many times the others'.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -53,6 +55,13 @@ def lr_multiplier(config: ml_collections.ConfigDict | OptimizerSettings) -> opta
     if warmup <= 0:
         return cosine
     return optax.join_schedules([optax.linear_schedule(0.0, 1.0, warmup), cosine], [warmup])
+
+
+@functools.cache
+def lr_multiplier_program(settings: OptimizerSettings) -> Callable[[int], jax.Array]:
+    """`lr_multiplier` as one jitted program per settings, for the host's logging: called
+    eagerly, optax's schedule compiled a dozen one-op programs (cos, power, clip, ...)."""
+    return jax.jit(lr_multiplier(settings))
 
 
 def make_optimizer(
