@@ -38,6 +38,13 @@ def flag_args(imports: Sequence[str]) -> list[str]:
     return [f"--imports={','.join(imports)}"] if imports else []
 
 
+def recorded(imports: Sequence[str]) -> list[str]:
+    """`imports` as another process, in another directory, can load them: files by their
+    absolute path, modules by name (sweep.json keeps them for a later `report`)."""
+    return [str(pathlib.Path(e.strip()).resolve()) if _is_file(e.strip()) else e.strip()
+            for e in imports if e.strip()]
+
+
 def load(imports: Sequence[str]) -> list[types.ModuleType]:
     """Load the installed policy packages, then import each of `imports` in order.
 

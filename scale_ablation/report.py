@@ -8,7 +8,8 @@ experiment file declares `claims(arg)`, claims.md (`claims`). Every number comes
 own metrics.jsonl and summary.json; spikes and collapse are found from the metrics when
 summary.json does not record them. The table is also logged as a wandb.Table to a summary run in
 the sweep's group.
-`--imports=my_policy.py` imports user modules first, as the sweep did (`scale_ablation.plugins`).
+`--imports=my_policy.py` imports user modules first, as the sweep did (`scale_ablation.plugins`);
+without it, the report imports what the sweep recorded in sweep.json.
 """
 
 from __future__ import annotations
@@ -108,12 +109,21 @@ def summarise_run(run: dict) -> dict:
     }
 
 
-def _experiment_spec(sweep_dir: str) -> str | None:
+def _sweep_record(sweep_dir: str) -> dict:
     path = os.path.join(sweep_dir, "sweep.json")
     if not os.path.exists(path):
-        return None
+        return {}
     with open(path) as f:
-        return json.load(f).get("config")
+        return json.load(f)
+
+
+def _experiment_spec(sweep_dir: str) -> str | None:
+    return _sweep_record(sweep_dir).get("config")
+
+
+def sweep_imports(sweep_dir: str) -> list[str]:
+    """The `--imports` the sweep's runs had (sweep.json; none for sweeps written before)."""
+    return _sweep_record(sweep_dir).get("imports") or []
 
 
 def write_report(sweep_dir: str, reference: str | None = None) -> str:
@@ -238,7 +248,8 @@ def main(argv: list[str], reference: str | None = None) -> int:
         print(f"error: no such sweep directory: {argv[1]}", file=sys.stderr)
         return 2
     try:
-        plugins.load(_IMPORTS.value)  # the sweep's policies, as its runs had them
+        # The sweep's policies, as its runs had them: --imports, else what sweep.json recorded.
+        plugins.load(_IMPORTS.value or sweep_imports(argv[1]))
         out = write_report(argv[1], reference)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

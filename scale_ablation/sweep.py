@@ -144,11 +144,14 @@ def final_statuses(sweep_dir: str, points: list[Point],
 
 
 def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
-                     outcomes: dict[str, str] | None = None) -> None:
-    """sweep.json: the grid and each run's status (`final_statuses`)."""
+                     outcomes: dict[str, str] | None = None,
+                     imports: Sequence[str] = ()) -> None:
+    """sweep.json: the grid, each run's status (`final_statuses`) and the `--imports` its runs
+    had, which `report` loads again."""
     statuses = final_statuses(sweep_dir, points, outcomes)
     record = {
         "config": spec,
+        "imports": plugins.recorded(imports),
         "runs": [{"name": p.name, "overrides": p.overrides, "status": statuses[p.name]}
                  for p in points],
     }
@@ -390,7 +393,7 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     """Train `todo`, write sweep.json and the report; the sweep's exit code."""
     jsonfiles.remove_leftover_temporaries(sweep_dir)
     runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
-    write_sweep_file(sweep_dir, _CONFIG.value, points)
+    write_sweep_file(sweep_dir, _CONFIG.value, points, imports=imports)
     progress = Progress(len(points), len(points) - len(todo))
     progress.show(running=0)
     if _PARALLEL.value > 1 and _ENSEMBLE.value and flags.FLAGS["ensemble"].present:
@@ -409,7 +412,7 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
                                         outcomes, _run_flags(imports))
     finally:
-        write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes)
+        write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes, imports)
     if not complete:
         print("[sweep] preempted: rerun the same command to continue", flush=True)
         return 3

@@ -234,6 +234,13 @@ def test_parallel_sweep_imports_the_users_file_in_every_process(tmp_path, tiny_e
     # The sweep itself and each of its two run processes imported the file, once each.
     pids = log.read_text().split()
     assert len(pids) == len(set(pids)) == 1 + len(runs)
+    # sweep.json keeps the file by its absolute path, and a later report, run without
+    # --imports, imports it from there (its runs' policy is registered nowhere else).
+    assert read_json(sweep_dir / "sweep.json")["imports"] == [str(user_file.resolve())]
+    report = run("-m", "scale_ablation.report", str(sweep_dir),
+                 env={**ENV, "USER_POLICY_LOG": str(log)})
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert len(log.read_text().split()) == 2 + len(runs)
 
 
 def test_wandb_sweep_definition_carries_the_imports(tmp_path):
