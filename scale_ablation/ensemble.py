@@ -84,13 +84,20 @@ def group(configs: Sequence[ml_collections.ConfigDict],
     return list(groups.values())
 
 
+class EnsembleMismatchError(ValueError):
+    """Prepared runs that cannot step as one program: another shape or config, or another
+    start step (a member whose latest checkpoint was damaged restored an older one)."""
+
+
 def check_one_ensemble(prepared: Sequence[PreparedRun]) -> None:
-    """Raise ValueError unless the runs can step as one program from one step."""
+    """Raise EnsembleMismatchError unless the runs can step as one program from one step."""
     first = prepared[0]
     for run in prepared[1:]:
         if (run.graphdef != first.graphdef or shared_config(run.config) != shared_config(
                 first.config) or int(run.state["step"]) != int(first.state["step"])):
-            raise ValueError(f"{run.workdir} and {first.workdir} cannot train as one ensemble")
+            raise EnsembleMismatchError(f"{run.workdir} (step {int(run.state['step'])}) and "
+                                 f"{first.workdir} (step {int(first.state['step'])}) cannot "
+                                 "train as one ensemble")
 
 
 # Each member's key exactly as its solo run derives it: (K,) seeds, one step -> (K,) keys.

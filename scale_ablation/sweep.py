@@ -261,8 +261,10 @@ def _train_together(sweep_dir: str, points: list[Point], extra_hooks: Sequence[h
         summaries = train_runs([p.config for p in points],
                                [os.path.join(sweep_dir, n) for n in names], names, extra_hooks,
                                progress=False, extend=extend)
-    except ConfigError as error:
-        # A member was refused before any file was written: alone, each run says if it is.
+    except (ConfigError, ensemble.EnsembleMismatchError) as error:
+        # A member was refused, or restored another step than the others (its latest
+        # checkpoint was damaged), before any file was written: alone, each run goes on or
+        # says why it cannot.
         print(f"[sweep] ensemble not started ({error}): its runs train one by one", flush=True)
         return [_train_alone(sweep_dir, point, extra_hooks, extend) for point in points]
     except Exception as error:  # members without a result are recorded failed; the sweep goes on

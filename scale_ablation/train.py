@@ -44,7 +44,7 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     (`loop.run_members`).
 
     Raises ConfigError if a run is refused (one in use by another process included) and
-    ValueError if the runs are no ensemble, both before any file is written.
+    ensemble.EnsembleMismatchError if the runs are no ensemble, both before any file is written.
     """
     for config, workdir in zip(configs, workdirs, strict=True):
         runs.check_before_start(config, workdir, extend=extend)
@@ -60,7 +60,12 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
 def _train_prepared(prepared: list[runs.PreparedRun], labels: Sequence[str] | None,
                     extra_hooks: Sequence[hooks.Periodic], progress: bool,
                     pipelined: bool = True) -> list[dict]:
-    ensemble.check_one_ensemble(prepared)
+    try:
+        ensemble.check_one_ensemble(prepared)
+    except ensemble.EnsembleMismatchError:
+        for run in prepared:  # nothing was written: each run can start again on its own
+            run.checkpoints.close()
+        raise
     if labels is None:
         labels = [""] if len(prepared) == 1 else [
             os.path.basename(run.workdir.rstrip(os.sep)) for run in prepared]

@@ -21,7 +21,16 @@ import pytest
 from helpers import QUICK, REPO, read_json, snapshot, tiny_config
 from helpers import TINY_RUN as TINY
 
-from scale_ablation import checkpoints, experiment, hooks, locking, report, sweep, train
+from scale_ablation import (
+    checkpoints,
+    ensemble,
+    experiment,
+    hooks,
+    locking,
+    report,
+    sweep,
+    train,
+)
 from scale_ablation.config import ConfigError, validate
 from scale_ablation.run_files import RunFiles
 
@@ -256,6 +265,24 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, damage, u
     assert results(summary) == results(reference_summary)
     assert metric_rows(workdir) == reference_rows
     assert (workdir / "damaged_checkpoints" / "7").is_dir()
+
+
+def test_an_ensemble_member_that_lost_its_latest_checkpoint_trains_alone(tmp_path, uninterrupted):
+    """Two members stopped together at 7 group as one ensemble (by their latest checkpoints);
+    one's checkpoint 7 is damaged, so it restores 5 and the two cannot step as one program.
+    The sweep trains them one by one, and the damaged one ends where it would have."""
+    configs = [tiny_config(), tiny_config(**{"train.seed": 1})]
+    workdirs = [tmp_path / "a", tmp_path / "b"]
+    (stop,) = hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: "7:SIGTERM"})
+    stopped = train.train_runs(configs, workdirs, extra_hooks=[stop])
+    assert [s["status"] for s in stopped] == ["preempted", "preempted"]
+    DAMAGE["flipped bit"](workdirs[0] / "checkpoints" / "7")
+    assert ensemble.group(configs, workdirs) == [[0, 1]]
+    points = [sweep.Point(w.name, {}, c) for w, c in zip(workdirs, configs, strict=True)]
+    assert sweep._train_together(str(tmp_path), points, ()) == ["completed", "completed"]
+    # Steps 1-7 ran as an ensemble member and 6-10 alone: equal to float32 round-off.
+    reference = results(uninterrupted[0])
+    assert results(read_json(workdirs[0] / "summary.json")) == pytest.approx(reference, rel=1e-5)
 
 
 def test_no_intact_checkpoint_is_one_line_naming_the_step(tmp_path):
