@@ -3,6 +3,7 @@
 import hashlib
 import json
 import pathlib
+import textwrap
 
 from scale_ablation import experiment
 
@@ -21,6 +22,18 @@ TINY_RUN = {
 def tiny_config(**overrides):
     """The quick experiment shrunk to TINY_RUN, with `overrides` (dotted keys) on top."""
     return experiment.apply_overrides(experiment.load_config(QUICK), {**TINY_RUN, **overrides})
+
+
+def experiment_source(doc: str, overrides: dict, grid: str, when_arg: str = "") -> str:
+    """An experiment file for a test: the quick experiment with the dotted `overrides`, then the
+    statements `when_arg` (get_config's body, which may read `arg`), and `sweep(arg)` returning
+    the Python expression `grid`."""
+    body = textwrap.indent(textwrap.dedent(when_arg).strip(), "    ")
+    return (f'"""{doc}"""\n\nfrom experiments import base\n\nfrom scale_ablation import experiment\n'
+            f"\n\ndef get_config(arg=None):\n"
+            f"    config = experiment.apply_overrides(base.get_config('quick'), {overrides!r})\n"
+            + (f"{body}\n" if body else "")
+            + f"    return config\n\n\ndef sweep(arg=None):\n    return {grid}\n")
 
 
 def read_json(path) -> dict:

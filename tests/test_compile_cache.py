@@ -11,29 +11,16 @@ import shutil
 import subprocess
 import sys
 
-from helpers import REPO
+from helpers import REPO, experiment_source
 
-# Two runs that train as one ensemble and one of another shape that trains alone.
-EXPERIMENT = '''
-from experiments import base
-
-
-def get_config(arg=None):
-    config = base.get_config("quick")
-    model, data, train = config.model, config.data, config.train
-    model.d_model, model.num_layers, model.num_heads, model.head_dim = 32, 1, 2, 16
-    data.seq_len, data.val_batches = 32, 1
-    train.steps, train.batch_size, train.warmup_steps = 4, 4, 0
-    train.log_every = train.eval_every = train.diag_every = 2
-    config.checkpoint.every = 4
-    config.wandb.mode = "disabled"
-    return config
-
-
-def sweep(arg=None):
-    return [{"policy": "none"}, {"policy": "inv_dk"},
-            {"policy": "inv_sqrt_dk", "model.head_dim": 8}]
-'''
+EXPERIMENT = experiment_source(
+    "Two runs that train as one ensemble and one of another shape that trains alone.",
+    {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
+     "data.seq_len": 32, "data.val_batches": 1, "train.steps": 4, "train.batch_size": 4,
+     "train.warmup_steps": 0, "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 2,
+     "checkpoint.every": 4, "wandb.mode": "disabled"},
+    repr([{"policy": "none"}, {"policy": "inv_dk"},
+          {"policy": "inv_sqrt_dk", "model.head_dim": 8}]))
 LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps, (\d+) of them "
                   r"ahead\), (\d+) loaded")
 

@@ -17,7 +17,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import read_json
+from helpers import experiment_source, read_json
 
 from scale_ablation import data as data_lib
 from scale_ablation import ensemble, experiment, hooks, optim, runs, steps, train, wandb_offline
@@ -223,26 +223,10 @@ def test_a_preempted_ensemble_resumes_exactly(tmp_path):
 
 # --------------------------------------------------------------------------- the sweep
 
-EXPERIMENT = f'''"""Two scalar policies x two seeds of a tiny model, for tests/test_ensemble.py."""
-
-from experiments import base
-
-
-def get_config(arg=None):
-    config = base.get_config("quick")
-    for key, value in {TINY!r}.items():
-        *parents, leaf = key.split(".")
-        node = config
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    config.train.steps = 12
-    return config
-
-
-def sweep(arg=None):
-    return [{{"policy": p, "train.seed": s}} for p in ("none", "inv_sqrt_dk") for s in (0, 1)]
-'''
+EXPERIMENT = experiment_source(
+    "Two scalar policies x two seeds of a tiny model, for tests/test_ensemble.py.",
+    {**TINY, "train.steps": 12},
+    repr([{"policy": p, "train.seed": s} for p in ("none", "inv_sqrt_dk") for s in (0, 1)]))
 
 
 def run_sweep(experiment_file, sweep_dir, *flags):

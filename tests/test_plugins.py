@@ -20,7 +20,7 @@ import zipfile
 
 import pytest
 import yaml
-from helpers import read_json, snapshot
+from helpers import experiment_source, read_json, snapshot
 
 from experiments import dk_sweep
 from scale_ablation import experiment, plugins, policies
@@ -45,33 +45,18 @@ def half_sqrt(arg):
     return policies.scalar(lambda head_dim: 0.5 / math.sqrt(head_dim))
 '''
 
-TINY_EXPERIMENT = '''"""A tiny experiment for tests/test_plugins.py."""
-
-from experiments import base
-
-GRIDS = {
+TINY_GRIDS = {
     "user": [{"policy": "user_half_sqrt", "train.seed": 0},
              {"policy": "user_half_sqrt", "train.seed": 1}],
     "builtin": [{"policy": "inv_sqrt_dk"}],
 }
-
-
-def get_config(arg=None):
-    config = base.get_config("quick")
-    model, data, train = config.model, config.data, config.train
-    model.d_model, model.num_layers, model.num_heads, model.head_dim = 32, 1, 2, 16
-    data.seq_len, data.val_batches = 32, 1
-    train.steps, train.batch_size, train.warmup_steps = 4, 4, 0
-    train.log_every = train.eval_every = 2
-    train.diag_every = 0
-    config.checkpoint.every = 4
-    config.wandb.mode = "offline"
-    return config
-
-
-def sweep(arg=None):
-    return GRIDS[arg]
-'''
+TINY_EXPERIMENT = experiment_source(
+    "A tiny experiment for tests/test_plugins.py.",
+    {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
+     "data.seq_len": 32, "data.val_batches": 1, "train.steps": 4, "train.batch_size": 4,
+     "train.warmup_steps": 0, "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 0,
+     "checkpoint.every": 4, "wandb.mode": "offline"},
+    f"{TINY_GRIDS!r}[arg]")
 
 
 def write(path: pathlib.Path, text: str) -> pathlib.Path:

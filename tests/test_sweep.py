@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import read_json
+from helpers import experiment_source, read_json
 
 from scale_ablation import experiment, hooks, report, sweep
 
@@ -56,30 +56,17 @@ GRIDS["parallel"] = GRIDS["resume"] + GRIDS["no_data"]
 KILL_AT = 55  # the step of the "resume" grid's second run after which the sweep is killed
 REPORT_STATUSES = ["completed", "completed", "completed", "diverged"]
 
-EXPERIMENT = f'''"""A tiny experiment for tests/test_sweep.py and tests/test_report.py."""
-
-from experiments import base
-
-GRIDS = {GRIDS!r}
-
-
-def get_config(arg=None):
-    config = base.get_config("quick")
-    model, data, train = config.model, config.data, config.train
-    model.d_model, model.num_layers, model.num_heads, model.head_dim = 32, 1, 2, 16
-    if arg == "parallel_wider":  # the "parallel" grid after an edit of the experiment
-        model.d_model = 48
-    data.seq_len, data.val_batches = 32, 1
-    train.steps, train.batch_size, train.warmup_steps = 20, 4, 2
-    train.log_every = train.eval_every = train.diag_every = 5
-    config.checkpoint.every = 10
-    config.wandb.mode = "offline"
-    return config
-
-
-def sweep(arg=None):
-    return GRIDS[arg.removesuffix("_wider")]
-'''
+EXPERIMENT = experiment_source(
+    "A tiny experiment for tests/test_sweep.py and tests/test_report.py.",
+    {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
+     "data.seq_len": 32, "data.val_batches": 1, "train.steps": 20, "train.batch_size": 4,
+     "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 5, "train.diag_every": 5,
+     "checkpoint.every": 10, "wandb.mode": "offline"},
+    f"{GRIDS!r}[arg.removesuffix('_wider')]",
+    when_arg="""
+        if arg == "parallel_wider":  # the "parallel" grid after an edit of the experiment
+            config.model.d_model = 48
+    """)
 
 
 def write_experiment(directory: pathlib.Path) -> pathlib.Path:
