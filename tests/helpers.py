@@ -11,11 +11,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
 # Ten steps of a model that compiles in about a second: logs at 2, 4, ..., evaluates and
 # checkpoints at 5 and 10; no diagnostics, no W&B.
-TINY_RUN = {
+TINY_MODEL = {  # and its batches: what the tiny runs and sweeps of the tests share
     "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-    "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4, "train.steps": 10,
-    "train.log_every": 2, "train.eval_every": 5, "train.diag_every": 0, "checkpoint.every": 5,
-    "wandb.mode": "disabled",
+    "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4,
+}
+TINY_RUN = {
+    **TINY_MODEL, "train.steps": 10, "train.log_every": 2, "train.eval_every": 5,
+    "train.diag_every": 0, "checkpoint.every": 5, "wandb.mode": "disabled",
 }
 
 
@@ -29,8 +31,8 @@ def experiment_source(doc: str, overrides: dict, grid: str, when_arg: str = "") 
     statements `when_arg` (get_config's body, which may read `arg`), and `sweep(arg)` returning
     the Python expression `grid`."""
     body = textwrap.indent(textwrap.dedent(when_arg).strip(), "    ")
-    return (f'"""{doc}"""\n\nfrom experiments import base\n\nfrom scale_ablation import experiment\n'
-            f"\n\ndef get_config(arg=None):\n"
+    return (f'"""{doc}"""\n\nfrom experiments import base\n\n'
+            "from scale_ablation import experiment\n\n\ndef get_config(arg=None):\n"
             f"    config = experiment.apply_overrides(base.get_config('quick'), {overrides!r})\n"
             + (f"{body}\n" if body else "")
             + f"    return config\n\n\ndef sweep(arg=None):\n    return {grid}\n")

@@ -11,13 +11,12 @@ import shutil
 import subprocess
 import sys
 
-from helpers import REPO, experiment_source
+from helpers import REPO, TINY_MODEL, experiment_source
 
 EXPERIMENT = experiment_source(
     "Two runs that train as one ensemble and one of another shape that trains alone.",
-    {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-     "data.seq_len": 32, "data.val_batches": 1, "train.steps": 4, "train.batch_size": 4,
-     "train.warmup_steps": 0, "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 2,
+    {**TINY_MODEL, "train.steps": 4, "train.warmup_steps": 0,
+     "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 2,
      "checkpoint.every": 4, "wandb.mode": "disabled"},
     repr([{"policy": "none"}, {"policy": "inv_dk"},
           {"policy": "inv_sqrt_dk", "model.head_dim": 8}]))

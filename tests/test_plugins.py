@@ -20,7 +20,7 @@ import zipfile
 
 import pytest
 import yaml
-from helpers import experiment_source, read_json, snapshot
+from helpers import TINY_MODEL, experiment_source, read_json, snapshot
 
 from experiments import dk_sweep
 from scale_ablation import experiment, plugins, policies
@@ -52,9 +52,8 @@ TINY_GRIDS = {
 }
 TINY_EXPERIMENT = experiment_source(
     "A tiny experiment for tests/test_plugins.py.",
-    {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-     "data.seq_len": 32, "data.val_batches": 1, "train.steps": 4, "train.batch_size": 4,
-     "train.warmup_steps": 0, "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 0,
+    {**TINY_MODEL, "train.steps": 4, "train.warmup_steps": 0,
+     "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 0,
      "checkpoint.every": 4, "wandb.mode": "offline"},
     f"{TINY_GRIDS!r}[arg]")
 

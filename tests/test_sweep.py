@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import experiment_source, read_json
+from helpers import TINY_MODEL, experiment_source, read_json
 
 from scale_ablation import experiment, hooks, report, sweep
 
@@ -58,9 +58,8 @@ REPORT_STATUSES = ["completed", "completed", "completed", "diverged"]
 
 EXPERIMENT = experiment_source(
     "A tiny experiment for tests/test_sweep.py and tests/test_report.py.",
-    {"model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-     "data.seq_len": 32, "data.val_batches": 1, "train.steps": 20, "train.batch_size": 4,
-     "train.warmup_steps": 2, "train.log_every": 5, "train.eval_every": 5, "train.diag_every": 5,
+    {**TINY_MODEL, "train.steps": 20, "train.warmup_steps": 2,
+     "train.log_every": 5, "train.eval_every": 5, "train.diag_every": 5,
      "checkpoint.every": 10, "wandb.mode": "offline"},
     f"{GRIDS!r}[arg.removesuffix('_wider')]",
     when_arg="""
