@@ -19,10 +19,12 @@ carry `model.num_heads`, so the report's variants (`none (num_heads=8)`) name th
 Variants:
 - `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed
   width) and 1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and
-  1/d_k, against 1/√d_k; each policy's LR grid (`CPU_LRS`, 3–4 points) × 3 seeds: 99 runs of
-  600 steps, about 75 minutes on a quiet 2-core machine. The first run's grid was 1e-3…1e-2 for
-  every policy, and two bests sat on its edges (`experiments/results/dk_sweep_cpu`), so those
-  policies got one more point there: rerunning the sweep command runs only the new points. The other policies (1/log d_k, a constant, learned,
+  1/d_k, against 1/√d_k; each policy's LR grid (`CPU_LRS`, 4 points) × 3 seeds: 108 runs of
+  600 steps. The first pass's grid was 1e-3…1e-2 for every policy; bests on its edges gave scale
+  1 the point 3e-4 and 1/d_k 3e-2 (99 runs: about 3 h on 2 cores, the 1 × 512 cell ~70 min of
+  it; `experiments/results/dk_sweep_cpu`), and that report's best for 1/√d_k at d_k 512 sits on
+  1e-3, so 1/√d_k gets 3e-4 too: rerunning the sweep command runs only the new points. The
+  other policies (1/log d_k, a constant, learned,
   QK-LayerNorm, log-length) and the init axis are left to `gpu`: on 2 cores three seeds at 3–4
   LRs of three policies is what fits, and eight policies at one seed would sit at noise level.
 - default (one accelerator): d_model 512, fixed width at d_k 16…512 and fixed heads (4) at d_k
@@ -53,7 +55,7 @@ INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and G
 # Each policy's own LR grid, wide enough that its best is interior: the first cpu run used
 # {1e-3, 3e-3, 1e-2} for all and found scale 1's best on the low edge (d_k 128) and 1/d_k's on
 # the high edge (d_k 16), so each got one more point on that side.
-CPU_LRS = {"inv_sqrt_dk": (1e-3, 3e-3, 1e-2), "none": (3e-4, 1e-3, 3e-3, 1e-2),
+CPU_LRS = {"inv_sqrt_dk": (3e-4, 1e-3, 3e-3, 1e-2), "none": (3e-4, 1e-3, 3e-3, 1e-2),
            "inv_dk": (1e-3, 3e-3, 1e-2, 3e-2)}
 
 

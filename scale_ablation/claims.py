@@ -61,7 +61,8 @@ class Compare:
         if self.metric == "lr_sensitivity":
             where = "each seed's curve over the LR grid"
         elif self.at == "best_lr":
-            where = "each at its own best LR"
+            where = ("each at its own best LR; one on its grid's edge keeps only a decision a "
+                     "wider grid cannot reverse")
         else:
             where = "at every shared LR" + (f" >= {self.min_lr:g}" if self.min_lr else "")
         metric = ("final validation bits per byte (MQAR: recall accuracy)"

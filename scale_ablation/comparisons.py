@@ -132,11 +132,18 @@ def paired_same_lr(rows: list[dict], reference: str, key: str,
     return _paired(groups, higher_is_better)
 
 
+# A decision a wider LR grid could reverse: one side's best LR sits on its grid's edge.
+AT_EDGE = "not established (best LR at a grid edge)"
+
+
 def paired_best_lr(best: list[BestLR], reference: str, key: str,
                    higher_is_better: bool) -> list[Paired]:
     """Each setting at its own best LR against the reference at its own, matched on seed (and
-    the fields the two settings share)."""
+    the fields the two settings share). A side whose best LR is on its grid's edge may do better
+    beyond it, so only the decision that survives that stands: "better" when the compared
+    setting is at an edge, "worse" when the reference is; anything else is AT_EDGE."""
     groups: dict = defaultdict(list)
+    edges: dict = {}
     refs = {(b.setting, b.d_k): b for b in best if b.policy == reference and b.lr is not None}
     for b in best:
         # The reference with the same other fields: `none (gain=2)` against `inv_sqrt_dk (gain=2)`.
@@ -148,7 +155,18 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
             if r["seed"] in by_seed:
                 pair = (finished_value(r, key), finished_value(by_seed[r["seed"]], key))
                 groups[(b.setting, b.policy, b.d_k, None)].append(pair)
-    return _paired(groups, higher_is_better)
+        edges[(b.setting, b.d_k)] = (b.at_edge, ref.at_edge)
+    return [_unless_edge(p, *edges[(p.variant, p.d_k)])
+            for p in _paired(groups, higher_is_better)]
+
+
+def _unless_edge(pair: Paired, compared_at_edge: bool, reference_at_edge: bool) -> Paired:
+    standing = {"better"} if compared_at_edge else {"better", "worse", "indistinguishable"}
+    if reference_at_edge:
+        standing &= {"worse"}
+    if pair.decision in standing or pair.decision == stats.TOO_FEW:
+        return pair
+    return dataclasses.replace(pair, decision=AT_EDGE)
 
 
 def _paired(groups: dict, higher_is_better: bool) -> list[Paired]:

@@ -9,8 +9,9 @@ import pytest
 from scipy import stats as sps
 
 from scale_ablation import claims
+from scale_ablation.comparisons import AT_EDGE
 
-LRS, SEEDS = (1e-3, 3e-3, 1e-2), (0, 1, 2)
+LRS, SEEDS = (3e-4, 1e-3, 3e-3, 1e-2), (0, 1, 2)  # both arms' best LRs are interior
 SEED_EFFECT = (0.03, -0.02, 0.01)
 OWN_NOISE = (0.004, -0.003, 0.001)
 
@@ -57,6 +58,22 @@ def test_post_against_pre_each_at_its_own_best_lr():
     assert verdict.numbers == (
         f"post (scale_policy=inv_sqrt_dk), d_k=32: Δ = {mean:.4f} ± {half:.4f} (n=3) → worse",)
     assert "arms are values of model.norm_position" in rule.describe()
+
+
+def test_a_best_lr_on_the_grid_edge_keeps_only_what_a_wider_grid_cannot_reverse():
+    # Without 3e-4, post's best (1e-3) is its grid's lowest LR: it may do better below it.
+    rows = [r for r in ROWS if r["lr"] >= 1e-3]
+    worse = claims.judge(claims.Claim("x", field_rule("worse", "model.norm_position", "post",
+                                                      "pre")), rows)
+    assert worse.verdict == "inconclusive" and worse.numbers[0].endswith(f"→ {AT_EDGE}"), worse
+    # Pre against post as the reference at its edge: "pre is better" may not survive either.
+    better = claims.judge(claims.Claim("x", field_rule("better", "model.norm_position", "pre",
+                                                       "post")), rows)
+    assert better.verdict == "inconclusive" and better.numbers[0].endswith(f"→ {AT_EDGE}")
+    # logit_layernorm's post is better than its pre already at the edge: further can only help.
+    stands = field_rule("worse", "model.norm_position", "post", "pre", policy="logit_layernorm")
+    found = claims.judge(claims.Claim("x", stands), rows)
+    assert found.verdict == "contradicted" and found.numbers[0].endswith("→ better"), found
 
 
 def test_the_other_policy_alone_decides_its_own_claim():
