@@ -95,9 +95,9 @@ def check_one_ensemble(prepared: Sequence[PreparedRun]) -> None:
     for run in prepared[1:]:
         if (run.graphdef != first.graphdef or shared_config(run.config) != shared_config(
                 first.config) or int(run.state["step"]) != int(first.state["step"])):
-            raise EnsembleMismatchError(f"{run.workdir} (step {int(run.state['step'])}) and "
-                                 f"{first.workdir} (step {int(first.state['step'])}) cannot "
-                                 "train as one ensemble")
+            raise EnsembleMismatchError(
+                f"{run.workdir} (step {int(run.state['step'])}) and {first.workdir} "
+                f"(step {int(first.state['step'])}) cannot train as one ensemble")
 
 
 # Each member's key exactly as its solo run derives it: (K,) seeds, one step -> (K,) keys.
