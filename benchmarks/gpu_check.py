@@ -7,6 +7,7 @@ r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
 4. The device's idle fraction between steps in the training loop: 1 - (step time with steps
    queued back to back, the device never waiting) / (the period of a step in `train.train`'s
    loop, from time stamps a hook takes at every step). Near 0: the host keeps the device fed.
+   Then the loop's host time per step by part (batch, dispatch, metrics transfer).
 Runs on a CPU too (the fused path is then XLA's), which is how it is tested before a GPU run.
 """
 
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import run as bench
-from scale_ablation import attention, experiment, hooks, policies, train
+from scale_ablation import attention, ensemble, experiment, hooks, policies, runs, train
 from scale_ablation.run_files import RunFiles
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
@@ -103,6 +104,37 @@ def device_idle_fraction(config=None, steps: int = 60, queued: int = 20) -> dict
     return {"idle_fraction": idle, "queued_step_s": busy, "loop_step_s": loop_step}
 
 
+def host_seconds_per_step(config=None, reps: int = 50) -> dict[str, float]:
+    """Where the loop's host time per step goes, each part timed alone (median of `reps`):
+    the batch (host rows and transfer call), the step's dispatch, and, with the step done, the
+    transfer of its metrics. Their sum near the loop's period means the host bounds the loop."""
+    config = experiment.apply_overrides(config or bench.benchmark_config(), {
+        "checkpoint.every": 0, "wandb.mode": "disabled"})
+    with tempfile.TemporaryDirectory() as workdir:
+        run = runs.prepare(config, workdir)
+        axis = ensemble.MemberAxis([run], donate=False)
+        state, sources = run.take_state(), [run.source]
+        _, metrics = axis.step(state, axis.batch(sources, 0))  # compile
+        jax.block_until_ready(metrics)
+        parts: dict[str, list[float]] = {"batch": [], "dispatch": [], "metrics": []}
+        for step in range(reps):
+            start = time.perf_counter()
+            batch = axis.batch(sources, step)
+            parts["batch"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            _, metrics = axis.step(state, batch)
+            parts["dispatch"].append(time.perf_counter() - start)
+            jax.block_until_ready(metrics)
+            start = time.perf_counter()
+            jax.device_get(metrics)
+            parts["metrics"].append(time.perf_counter() - start)
+        run.checkpoints.close()
+    medians = {name: statistics.median(times) for name, times in parts.items()}
+    print("host time per step: " + ", ".join(f"{name} {seconds * 1e3:.2f} ms"
+                                             for name, seconds in medians.items()), flush=True)
+    return medians
+
+
 def _loop_step_seconds(config, steps: int) -> float:
     """The median period of a step in `train.train`'s loop: time stamps taken by a hook at
     every step (the first five, with compilation, and the last, with the evaluation, left out)."""
@@ -128,6 +160,7 @@ def main() -> int:
     print(f"benchmark config: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} "
           f"(peak {peak:,.0f} GFLOP/s measured here)", flush=True)
     device_idle_fraction()
+    host_seconds_per_step()
     failed = [spec for spec, err in errors.items() if not err <= TOLERANCE]
     trained = (run["summary"]["status"] == "completed"
                and run["summary"]["final_train_loss"] < run["first_logged_loss"])

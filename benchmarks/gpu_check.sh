@@ -4,17 +4,22 @@
 # and the device's idle fraction between steps of the training loop.
 # Output goes to stdout and to benchmarks/results/gpu_check_<device>_<date>.txt.
 #   bash benchmarks/gpu_check.sh            # installs .[cuda12] into .venv if jax sees no GPU
+#   PYTHON=python3 bash benchmarks/gpu_check.sh   # an interpreter that already has a GPU jax
+#                                                  # (a machine without network), no venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-if ! .venv/bin/python -c "import jax, sys; sys.exit(jax.devices()[0].platform != 'gpu')" 2>/dev/null \
-   && command -v nvidia-smi >/dev/null; then
-  .venv/bin/pip install --quiet -e '.[cuda12]'
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=.venv/bin/python
+  if [ ! -x "$PYTHON" ]; then
+    python3 -m venv .venv
+  fi
+  if ! "$PYTHON" -c "import jax, sys; sys.exit(jax.devices()[0].platform != 'gpu')" 2>/dev/null \
+     && command -v nvidia-smi >/dev/null; then
+    .venv/bin/pip install --quiet -e '.[cuda12]'
+  fi
 fi
 mkdir -p benchmarks/results
-device=$(.venv/bin/python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
+device=$("$PYTHON" -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
 out="benchmarks/results/gpu_check_${device}_$(date +%Y-%m-%d).txt"
-WANDB_MODE=disabled .venv/bin/python -m benchmarks.gpu_check 2>&1 | tee "$out"
+WANDB_MODE=disabled "$PYTHON" -m benchmarks.gpu_check 2>&1 | tee "$out"
 exit "${PIPESTATUS[0]}"

@@ -101,9 +101,6 @@ def check_one_ensemble(prepared: Sequence[PreparedRun]) -> None:
 
 
 # Each member's key exactly as its solo run derives it: (K,) seeds, one step -> (K,) keys.
-_dropout_keys = jax.jit(jax.vmap(steps.dropout_key, in_axes=(0, None)))
-
-
 # Stacking and taking members as one program each: leaf by leaf, op by op, they compiled one
 # small program per leaf shape (about 30 per group of a sweep, `python -m benchmarks.run`).
 @jax.jit
@@ -125,7 +122,8 @@ class MemberAxis:
         first = prepared[0]
         self.count = len(prepared)
         self.seeds = [run.config.train.seed for run in prepared]
-        self._seed_array = jnp.asarray(self.seeds)  # (K,)
+        # On the device once: the step derives each step's dropout key from it (`steps.seeded`).
+        self._seeds = jnp.asarray(self.seeds[0] if self.count == 1 else self.seeds, jnp.int32)
         self.batch_size, self.seq_len = first.config.train.batch_size, first.config.data.seq_len
         programs = steps.programs(first.graphdef, first.optimizer,
                                   float(first.config.train.z_loss))
@@ -145,10 +143,11 @@ class MemberAxis:
             return state
         return _member(state, index)
 
-    def member_metrics(self, metrics: dict, index: int) -> dict[str, float]:
-        if self.count == 1:
-            return {name: float(value) for name, value in metrics.items()}
-        return {name: float(value[index]) for name, value in metrics.items()}  # (K,) -> scalar
+    def member_metrics(self, metrics: np.ndarray, index: int) -> dict[str, float]:
+        """One member's named metrics from the step's (M,), or (K, M) for K > 1, on the host."""
+        values = metrics if self.count == 1 else metrics[index]  # (M,)
+        return {name: float(value) for name, value in zip(steps.TRAIN_METRICS, values,
+                                                            strict=True)}
 
     def batch(self, sources: Sequence[data_lib.DataSource], step: int) -> dict:
         """Each member's batch of `step` (this process's rows), on the devices."""
@@ -160,13 +159,9 @@ class MemberAxis:
             rows = [data_lib.Batch(**{n: np.stack([getattr(b, n) for b in rows]) for n in names})]
         return runs.to_device_batch(rows[0], self.batch_sharding)
 
-    def step(self, state: TrainState, batch: dict, step: int) -> tuple[TrainState, dict]:
-        return self._step(state, batch, self._keys(step))
-
-    def _keys(self, step: int) -> jax.Array:
-        if self.count == 1:
-            return steps.dropout_key(self.seeds[0], step)
-        return _dropout_keys(self._seed_array, step)
+    def step(self, state: TrainState, batch: dict) -> tuple[TrainState, jax.Array]:
+        """Dispatch one step of every member: the new state and the metrics, (M,) or (K, M)."""
+        return self._step(state, batch, self._seeds)
 
     def example_batch(self) -> dict:
         """A batch of zeros shaped and placed as `batch` places the members' batches."""
@@ -180,4 +175,4 @@ class MemberAxis:
 
     def compile_step(self, state: TrainState, batch: dict) -> None:
         """Compile the step for these arguments without running it (`scale_ablation.ahead`)."""
-        self._step.lower(state, batch, self._keys(0)).compile()
+        self._step.lower(state, batch, self._seeds).compile()

@@ -252,7 +252,7 @@ class _InFlight:
 
     step: int  # steps done once it finishes
     state: TrainState
-    metrics: dict
+    metrics: jax.Array  # (M,), or (K, M): steps.TRAIN_METRICS
     dispatched: float
 
 
@@ -268,7 +268,7 @@ def _loop(members: list[Member], pipelined: bool) -> None:
 
     def dispatch(state: TrainState, step: int) -> _InFlight:
         dispatched = time.perf_counter()
-        new_state, metrics = axis.step(state, axis.batch(sources, step), step)
+        new_state, metrics = axis.step(state, axis.batch(sources, step))
         return _InFlight(step + 1, new_state, metrics, dispatched)
 
     with PreemptionFlag() as preemption:
@@ -282,7 +282,7 @@ def _loop(members: list[Member], pipelined: bool) -> None:
             done, in_flight = in_flight, None
             if pipelined and done.step < t.steps:
                 in_flight = dispatch(done.state, done.step)  # runs while `done` is read
-            metrics = jax.device_get(done.metrics)  # every value (K,), or scalar when K = 1
+            metrics = jax.device_get(done.metrics)  # (M,), or (K, M): one transfer
             # Each member is charged the whole step: from its dispatch, or from the end of the
             # previous step's hooks when it was dispatched before them.
             seconds = time.perf_counter() - max(done.dispatched, hooks_done)

@@ -265,8 +265,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
 
 def to_device_batch(batch: data_lib.Batch, batch_sharding: NamedSharding) -> dict:
     """Assemble the global batch from this process's rows (multi-host) and shard it."""
-    return {
-        name: jax.make_array_from_process_local_data(batch_sharding,
-                                                     np.asarray(getattr(batch, name)))
-        for name in ("inputs", "targets", "weights")
-    }
+    rows = {name: np.asarray(getattr(batch, name)) for name in ("inputs", "targets", "weights")}
+    if jax.process_count() == 1:  # the rows are the global batch: one transfer call for all
+        return jax.device_put(rows, batch_sharding)
+    return {name: jax.make_array_from_process_local_data(batch_sharding, local)
+            for name, local in rows.items()}

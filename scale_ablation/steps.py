@@ -25,6 +25,9 @@ from scale_ablation import diagnostics
 from scale_ablation.optim import OptimizerSettings, make_optimizer
 
 TrainState = dict[str, Any]  # {"params", "rest", "opt_state", "step", "lr"}
+# What a train step measures, in the order the loop's programs return it (`seeded`).
+TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/update_norm", "train/param_norm",
+                 "train/finite")
 
 
 def token_nll(logits, targets):
@@ -109,6 +112,24 @@ def dropout_key(seed: int | jax.Array, step: int | jax.Array) -> jax.Array:
     return jax.random.fold_in(jax.random.key(seed + 1), step)
 
 
+def seeded(step: Callable) -> Callable:
+    """The loop's form of a train step: (state, batch, seed) -> (state, metrics (M,)), M =
+    len(TRAIN_METRICS), float32 (`train/finite` as 0 or 1).
+
+    Each exchange between host and device is a round trip through the driver. Deriving the
+    dropout key on the device, from the seed and the state's step counter (the key the host's
+    `dropout_key(seed, step)` makes), and returning the metrics as one vector leave one batch
+    in and one vector out per step: on an H200 the loop's ~15 exchanges per step had left the
+    device idle 72% of the time (benchmarks/results/gpu_check_NVIDIA_H200_2026-11-30.txt).
+    """
+
+    def train_step(state: TrainState, batch: dict, seed: jax.Array):
+        new_state, metrics = step(state, batch, dropout_key(seed, state["step"]))
+        return new_state, jnp.stack([metrics[name].astype(jnp.float32) for name in TRAIN_METRICS])
+
+    return train_step
+
+
 def over_members(step: Callable, backend: str) -> Callable:
     """`step` over a leading member axis K. On a CPU the matmuls of one small model already
     keep the cores busy and vmap's batched matmuls ran slower than K solo steps (0.7x for 8
@@ -116,7 +137,7 @@ def over_members(step: Callable, backend: str) -> Callable:
     inside one program ran 1.1x faster; accelerators want the one wide vmapped program."""
     if backend == "cpu":
         def train_step_members(states, batches, keys):  # named: compile logs count train steps
-            return jax.lax.map(lambda a: step(*a), (states, batches, keys))
+            return jax.lax.map(lambda a: step(*a), (states, batches, keys))  # keys, or seeds
 
         return train_step_members
     return jax.vmap(step)
@@ -126,7 +147,7 @@ def over_members(step: Callable, backend: str) -> Callable:
 class Programs:
     """The jitted programs of one (graphdef, optimiser settings, z_loss)."""
 
-    train: Callable  # (state, batch, key) -> (state, metrics); donates the state
+    train: Callable  # (state, batch, seed) -> (state, metrics (M,)) (`seeded`); donates state
     train_members: Callable  # the same over a leading member axis K (jit compiles once per K)
     eval: Callable
     diagnostics: Callable
@@ -157,7 +178,7 @@ def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Progr
     """The shared programs for a model structure and optimiser, built on first use."""
     key = (graphdef, settings, z_loss)
     if key not in _PROGRAMS:
-        step = make_train_step(graphdef, make_optimizer(settings), z_loss)
+        step = seeded(make_train_step(graphdef, make_optimizer(settings), z_loss))
         members = over_members(step, jax.default_backend())
         jit = functools.partial(jax.jit, compiler_options=compiler_options())
         _PROGRAMS[key] = Programs(

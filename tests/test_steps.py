@@ -184,3 +184,22 @@ def test_the_step_scales_its_update_by_the_state_lr(fresh):
     for small, double in zip(jax.tree.leaves(changes[0]), jax.tree.leaves(changes[1]), strict=True):
         np.testing.assert_allclose(double, 2 * small, rtol=1e-3, atol=1e-6)
     assert max(np.abs(leaf).max() for leaf in jax.tree.leaves(changes[0])) > 0
+
+
+def test_the_seeded_step_draws_the_host_key_of_its_step_and_returns_every_metric():
+    """The loop's step derives the dropout key on the device from the seed and the state's step
+    counter: a second step (counter 1) must give, bit for bit, the state and metrics of the
+    plain step given the host's key of step 1 (with dropout on, so the key matters)."""
+    config = tiny_config(**CONFIG, **{"model.attention_dropout": 0.5})
+    graphdef, state = runs.init_state(config)
+    plain = steps.make_train_step(graphdef, make_optimizer(config), 0.0)
+    state, _ = jax.jit(plain)(state, batch_of(config, 0), steps.dropout_key(7, 0))
+    want_state, want_metrics = jax.jit(plain)(state, batch_of(config, 1), steps.dropout_key(7, 1))
+    got_state, got_metrics = jax.jit(steps.seeded(plain))(state, batch_of(config, 1),
+                                                          jnp.int32(7))
+    assert_bitwise_equal(jax.device_get(got_state), jax.device_get(want_state))
+    assert got_metrics.shape == (len(steps.TRAIN_METRICS),)
+    for name, value in zip(steps.TRAIN_METRICS, np.asarray(got_metrics), strict=True):
+        assert value == np.float32(want_metrics[name]), name
+    _, other_key = jax.jit(plain)(state, batch_of(config, 1), steps.dropout_key(7, 2))
+    assert other_key["train/loss"] != want_metrics["train/loss"]  # the key does matter here
