@@ -7,13 +7,13 @@ r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
 4. The device's idle fraction between steps in the training loop: 1 - (step time with steps
    queued back to back, the device never waiting) / (the period of a step in `train.train`'s
    loop, from time stamps a hook takes at every step). Near 0: the host keeps the device fed.
-   Then the loop's host time per step by part (batch, dispatch, metrics transfer).
+   Once with one step per program and once with eight (`train.steps_per_call`); then the
+   loop's host time per step by part (batch, dispatch, metrics transfer).
 Runs on a CPU too (the fused path is then XLA's), which is how it is tested before a GPU run.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import statistics
 import sys
@@ -83,10 +83,14 @@ def check_training(steps: int = 100) -> dict:
     return {"summary": summary, "first_logged_loss": first["train/loss"]}
 
 
-def device_idle_fraction(config=None, steps: int = 60, queued: int = 20) -> dict:
-    """How long the device waits on the host per step of the real loop (see the docstring);
-    the benchmark config unless `config` is given."""
-    config = config or bench.benchmark_config()
+def device_idle_fraction(config=None, steps: int = 64, queued: int = 20,
+                         steps_per_call: int = 1) -> dict:
+    """How long the device waits on the host per step of the real loop (see the docstring),
+    running `steps_per_call` steps per program (`steps` a multiple of it, so that no program of
+    another length compiles among the timed steps); the benchmark config unless `config` is
+    given."""
+    config = experiment.apply_overrides(config or bench.benchmark_config(),
+                                        {"train.steps_per_call": steps_per_call})
     step, state, batch = bench.make_stepper(config)
     key = jax.random.key(0)
     for _ in range(3):  # compile and warm up
@@ -99,8 +103,8 @@ def device_idle_fraction(config=None, steps: int = 60, queued: int = 20) -> dict
     busy = (time.perf_counter() - start) / queued
     loop_step = _loop_step_seconds(config, steps)
     idle = max(0.0, 1.0 - busy / loop_step)
-    print(f"device idle between steps: {idle:.1%} (queued step {busy * 1e3:.2f} ms, loop step "
-          f"{loop_step * 1e3:.2f} ms)", flush=True)
+    print(f"device idle between steps, {steps_per_call} per program: {idle:.1%} (queued step "
+          f"{busy * 1e3:.2f} ms, loop step {loop_step * 1e3:.2f} ms)", flush=True)
     return {"idle_fraction": idle, "queued_step_s": busy, "loop_step_s": loop_step}
 
 
@@ -136,16 +140,19 @@ def host_seconds_per_step(config=None, reps: int = 50) -> dict[str, float]:
 
 
 def _loop_step_seconds(config, steps: int) -> float:
-    """The median period of a step in `train.train`'s loop: time stamps taken by a hook at
-    every step (the first five, with compilation, and the last, with the evaluation, left out)."""
+    """The mean period of a step in `train.train`'s loop: time stamps taken by a hook at every
+    step (the first eight, with compilation, and the last, with the evaluation, left out). A
+    mean, since with several steps per program a chunk's hooks run back to back."""
     config = experiment.apply_overrides(config, {  # the config's own logging interval
         "train.steps": steps, "train.eval_every": steps, "train.diag_every": 0,
         "checkpoint.every": 0, "wandb.mode": "disabled"})
     stamps: list[float] = []
-    stamp = hooks.Periodic(1, lambda member, tick: stamps.append(time.perf_counter()))
+    stamp = hooks.Periodic(1, lambda member, tick: stamps.append(time.perf_counter()),
+                           reads_state=False)
     with tempfile.TemporaryDirectory() as workdir:
         train.train(config, workdir, extra_hooks=[stamp], progress=False)
-    return statistics.median(b - a for a, b in itertools.pairwise(stamps[5:-1]))
+    timed = stamps[8:-1]
+    return (timed[-1] - timed[0]) / (len(timed) - 1)
 
 
 def main() -> int:
@@ -160,6 +167,7 @@ def main() -> int:
     print(f"benchmark config: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} "
           f"(peak {peak:,.0f} GFLOP/s measured here)", flush=True)
     device_idle_fraction()
+    device_idle_fraction(steps_per_call=8)
     host_seconds_per_step()
     failed = [spec for spec, err in errors.items() if not err <= TOLERANCE]
     trained = (run["summary"]["status"] == "completed"

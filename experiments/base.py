@@ -70,6 +70,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.seed = 0
     train.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16 (params stay float32)
     train.log_every = 50
+    # Train steps per dispatched program (a power of two; 1 = one program per step). On an
+    # accelerator whose host takes longer to launch a step than the device to run it, 8 or 16
+    # keeps the device busy (benchmarks/gpu_check.sh); chunks end where a hook reads the state.
+    train.steps_per_call = 1
     train.eval_every = 200
     train.diag_every = 100  # 0 disables attention diagnostics
     train.eval_seq_lens = ()  # extra validation lengths (e.g. 2n, 4n): `val/loss@LEN`
@@ -115,4 +119,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         data.seq_len = 512
         train.steps, train.batch_size, train.dtype = 5000, 64, "bfloat16"
         train.eval_every, train.diag_every, checkpoint.every = 500, 250, 1000
+        train.steps_per_call = 8  # the host's ~6 ms to launch a step program, paid per 8 steps
     return config

@@ -166,6 +166,9 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
             multiplier):
         raise ConfigError(f"train.scale_lr_multiplier must be a positive number (the scale "
                           f"policy's LR / the LR), got {multiplier!r}")
+    per_call = t.get("steps_per_call", 1)
+    if not isinstance(per_call, int) or per_call < 1 or per_call & (per_call - 1):
+        raise ConfigError(f"train.steps_per_call must be a power of two >= 1, got {per_call!r}")
     for field in ("log_every", "eval_every", "diag_every"):
         if t[field] < 0:
             raise ConfigError(f"train.{field} must be >= 0, got {t[field]}")

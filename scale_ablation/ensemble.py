@@ -100,7 +100,6 @@ def check_one_ensemble(prepared: Sequence[PreparedRun]) -> None:
                 f"(step {int(first.state['step'])}) cannot train as one ensemble")
 
 
-# Each member's key exactly as its solo run derives it: (K,) seeds, one step -> (K,) keys.
 # Stacking and taking members as one program each: leaf by leaf, op by op, they compiled one
 # small program per leaf shape (about 30 per group of a sweep, `python -m benchmarks.run`).
 @jax.jit
@@ -111,6 +110,12 @@ def _stacked(states: list[TrainState]) -> TrainState:
 @jax.jit
 def _member(state: TrainState, index: jax.Array) -> TrainState:
     return jax.tree.map(lambda leaf: leaf[index], state)  # (K, ...) -> (...)
+
+
+def _stack_batches(batches: Sequence[data_lib.Batch]) -> data_lib.Batch:
+    """Batches stacked along a new leading axis (steps or members)."""
+    return data_lib.Batch(*(np.stack([getattr(b, name) for b in batches])
+                            for name in ("inputs", "targets", "weights")))
 
 
 class MemberAxis:
@@ -125,10 +130,11 @@ class MemberAxis:
         # On the device once: the step derives each step's dropout key from it (`steps.seeded`).
         self._seeds = jnp.asarray(self.seeds[0] if self.count == 1 else self.seeds, jnp.int32)
         self.batch_size, self.seq_len = first.config.train.batch_size, first.config.data.seq_len
-        programs = steps.programs(first.graphdef, first.optimizer,
-                                  float(first.config.train.z_loss))
+        self._programs = steps.programs(first.graphdef, first.optimizer,
+                                        float(first.config.train.z_loss))
         # donate=False keeps each input state alive after its step (the pipelined loop).
-        self._step = programs.train_program(self.count, donate)
+        self._donate = donate
+        self._step = self._programs.train_program(self.count, donate)
         # (K, B, T): each member's rows split over the devices as in its solo run.
         self.batch_sharding = (first.batch_sharding if self.count == 1 else NamedSharding(
             first.batch_sharding.mesh, P(None, *first.batch_sharding.spec)))
@@ -149,19 +155,32 @@ class MemberAxis:
         return {name: float(value) for name, value in zip(steps.TRAIN_METRICS, values,
                                                             strict=True)}
 
-    def batch(self, sources: Sequence[data_lib.DataSource], step: int) -> dict:
-        """Each member's batch of `step` (this process's rows), on the devices."""
-        rows = [source.train_batch(step, self.batch_size, self.seq_len,
-                                   process_index=jax.process_index(),
-                                   process_count=jax.process_count()) for source in sources]
-        if self.count > 1:
-            names = ("inputs", "targets", "weights")
-            rows = [data_lib.Batch(**{n: np.stack([getattr(b, n) for b in rows]) for n in names})]
-        return runs.to_device_batch(rows[0], self.batch_sharding)
+    def batch(self, sources: Sequence[data_lib.DataSource], step: int, count: int = 1) -> dict:
+        """Each member's batches of steps `step`, ..., `step + count - 1` (this process's rows),
+        on the devices: (B, T) for one step, (count, B, T) for several; (K, ...) for K > 1."""
 
-    def step(self, state: TrainState, batch: dict) -> tuple[TrainState, jax.Array]:
-        """Dispatch one step of every member: the new state and the metrics, (M,) or (K, M)."""
-        return self._step(state, batch, self._seeds)
+        def member_rows(source: data_lib.DataSource) -> data_lib.Batch:
+            rows = [source.train_batch(s, self.batch_size, self.seq_len,
+                                       process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+                    for s in range(step, step + count)]
+            return rows[0] if count == 1 else _stack_batches(rows)
+
+        rows = [member_rows(source) for source in sources]
+        sharding = self.batch_sharding
+        if count > 1:  # the steps' axis, unsplit, in front of (B, T) and behind the members'
+            sharding = NamedSharding(sharding.mesh, P(None, *sharding.spec))
+        return runs.to_device_batch(rows[0] if self.count == 1 else _stack_batches(rows),
+                                    sharding)
+
+    def step(self, state: TrainState, batch: dict, count: int = 1) -> tuple[TrainState,
+                                                                            jax.Array]:
+        """Dispatch `count` steps of every member (`batch` from `batch(..., count)`): the new
+        state and the metrics, (M,) or (K, M) for one step, (count, M) or (K, count, M) for
+        several (`steps.chunked`, one program per count)."""
+        program = (self._step if count == 1
+                   else self._programs.chunk_program(self.count, self._donate))
+        return program(state, batch, self._seeds)
 
     def example_batch(self) -> dict:
         """A batch of zeros shaped and placed as `batch` places the members' batches."""

@@ -3,7 +3,10 @@ actions): each is a function of (member, tick) and how often it runs.
 
 After every step, for each member that did not diverge, the loop calls the due hooks in list
 order. Hooks before `write_row` (the built-in ones, then a run's extra hooks) add to `tick.row`,
-which `write_row` logs as one row at that step; hooks after it see the row as logged. Adding periodic work is one function and one line:
+which `write_row` logs as one row at that step; hooks after it see the row as logged. With
+`train.steps_per_call` > 1 the loop runs several steps per program and keeps only the last
+state: a chunk ends at every step where a hook that reads the state (`tick.state()`, the
+default `reads_state=True`) is due. Adding periodic work is one function and one line:
 
     def count_tokens(member, tick):
         tick.row["tokens"] = tick.step * member.tokens_per_step
@@ -64,7 +67,7 @@ def watch_instability(config: ml_collections.ConfigDict) -> Periodic:
                 member.summary_fields[field] = found[field]
                 tick.row[metric] = 1.0
 
-    return Periodic(1, watch)
+    return Periodic(1, watch, reads_state=False)
 
 
 def write_row(member: Member, tick: Tick) -> None:
@@ -95,13 +98,14 @@ def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] =
     hooks marked `after_step_work`."""
     t = config.train
     return [
-        Periodic(t.log_every, log_train_metrics),
+        Periodic(t.log_every, log_train_metrics, reads_state=False),
         Periodic(t.eval_every or t.steps, evaluate),
         Periodic(t.diag_every, diagnose),
         watch_instability(config),
         *(hook for hook in extra if not hook.after_step_work),
-        Periodic(1, write_row),
-        Periodic(t.log_every if progress else 0, print_progress, at_last=False),
+        Periodic(1, write_row, reads_state=False),
+        Periodic(t.log_every if progress else 0, print_progress, at_last=False,
+                 reads_state=False),
         Periodic(config.checkpoint.every, save_checkpoint, at_last=False),
         *(hook for hook in extra if hook.after_step_work),
     ]

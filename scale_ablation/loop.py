@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import numpy as np
 
 from scale_ablation import provenance, runtime
 from scale_ablation.ensemble import MemberAxis
@@ -35,8 +36,9 @@ class Tick:
     step: int  # steps done: the step the row is logged at
     last: bool  # the run's final step
     metrics: dict[str, float]  # this step's train metrics (train/loss, train/grad_norm, ...)
-    step_seconds: float  # wall time of the whole (ensemble) step
+    step_seconds: float  # wall time of the whole (ensemble) step (a chunk's share of its time)
     state: Callable[[], TrainState]  # the member's state after the step, cut at most once
+    timed: bool = True  # False in a process's first program, whose time includes compilation
     row: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
@@ -53,9 +55,13 @@ class Periodic:
     action: Action
     at_last: bool = True
     after_step_work: bool = False
+    reads_state: bool = True  # False: never calls tick.state(), so it can run inside a chunk
 
     def due(self, tick: Tick) -> bool:
-        return bool(self.every) and (tick.step % self.every == 0 or (self.at_last and tick.last))
+        return self.due_at(tick.step, tick.last)
+
+    def due_at(self, step: int, last: bool) -> bool:
+        return bool(self.every) and (step % self.every == 0 or (self.at_last and last))
 
 
 @dataclasses.dataclass
@@ -142,7 +148,7 @@ class Member:
 
     def after_step(self, tick: Tick) -> None:
         """Divergence check, then the due hooks. Sets `summary` if the run diverged."""
-        if tick.step - 1 > self.start_step:  # a process's first step includes compilation
+        if tick.timed:
             self.clock.add(tick.step_seconds)
         if not tick.metrics.pop("train/finite"):
             self.trackers.log(tick.step, {**tick.metrics, "train/diverged": 1.0})
@@ -251,8 +257,9 @@ class _InFlight:
     """A dispatched step: its state and metrics (device arrays) and when it was dispatched."""
 
     step: int  # steps done once it finishes
+    count: int  # steps in its program
     state: TrainState
-    metrics: jax.Array  # (M,), or (K, M): steps.TRAIN_METRICS
+    metrics: jax.Array  # (M,), or (K, M): steps.TRAIN_METRICS; (count, M), (K, count, M)
     dispatched: float
 
 
@@ -268,8 +275,9 @@ def _loop(members: list[Member], pipelined: bool) -> None:
 
     def dispatch(state: TrainState, step: int) -> _InFlight:
         dispatched = time.perf_counter()
-        new_state, metrics = axis.step(state, axis.batch(sources, step))
-        return _InFlight(step + 1, new_state, metrics, dispatched)
+        count = _chunk_length(members, step, t)
+        new_state, metrics = axis.step(state, axis.batch(sources, step, count), count)
+        return _InFlight(step + count, count, new_state, metrics, dispatched)
 
     with PreemptionFlag() as preemption:
         in_flight = None
@@ -277,18 +285,19 @@ def _loop(members: list[Member], pipelined: bool) -> None:
             if _preempt(members, active, axis, first.start_step, state, preemption):
                 return
             in_flight = dispatch(state, first.start_step)
-        hooks_done = time.perf_counter()
+        hooks_done, first_done = time.perf_counter(), False
         while in_flight is not None:
             done, in_flight = in_flight, None
             if pipelined and done.step < t.steps:
                 in_flight = dispatch(done.state, done.step)  # runs while `done` is read
-            metrics = jax.device_get(done.metrics)  # (M,), or (K, M): one transfer
+            metrics = jax.device_get(done.metrics)  # one transfer
             # Each member is charged the whole step: from its dispatch, or from the end of the
             # previous step's hooks when it was dispatched before them.
             seconds = time.perf_counter() - max(done.dispatched, hooks_done)
             state = done.state
-            _after_step(members, active, axis, done, metrics, seconds, t.steps)
-            hooks_done = time.perf_counter()
+            _after_steps(members, active, axis, done, metrics, seconds, t.steps,
+                         timed=first_done)
+            first_done, hooks_done = True, time.perf_counter()
             if not active or (done.step < t.steps and _preempt(
                     members, active, axis, done.step, state, preemption)):
                 return
@@ -298,17 +307,42 @@ def _loop(members: list[Member], pipelined: bool) -> None:
         members[index].complete(axis.member_state(state, index))
 
 
-def _after_step(members: list[Member], active: list[int], axis: MemberAxis, done: _InFlight,
-                metrics: dict, seconds: float, steps: int) -> None:
-    """Each active member's divergence check and hooks for the step `done`; a member that
-    diverged leaves `active` (frozen by the step, its numbers no longer read)."""
-    for index in list(active):
-        members[index].after_step(Tick(
-            step=done.step, last=done.step == steps, step_seconds=seconds,
-            metrics=axis.member_metrics(metrics, index),
-            state=functools.cache(functools.partial(axis.member_state, done.state, index))))
-        if members[index].summary is not None:
-            active.remove(index)
+def _chunk_length(members: list[Member], step: int, t) -> int:
+    """How many steps the program dispatched at `step` runs: `train.steps_per_call` at most,
+    a power of two (one compiled program each), and ending at or before the next step where a
+    hook that reads the state is due (only the chunk's last state is kept) and the run's end."""
+    limit = min(t.get("steps_per_call", 1), t.steps - step)
+    for ahead in range(1, limit):  # the chunk's interior steps
+        if any(hook.reads_state and hook.due_at(step + ahead, step + ahead == t.steps)
+               for member in members for hook in member.hooks):
+            limit = ahead
+            break
+    return 1 << (max(limit, 1).bit_length() - 1)
+
+
+def _after_steps(members: list[Member], active: list[int], axis: MemberAxis, done: _InFlight,
+                 metrics: np.ndarray, seconds: float, steps: int, timed: bool) -> None:
+    """Each active member's divergence check and hooks for each step of `done`; a member that
+    diverged leaves `active` (frozen by the step, its numbers no longer read). The state is
+    that of the program's last step; `_chunk_length` ends a chunk where a hook reads one."""
+    for offset in range(done.count):
+        step = done.step - done.count + 1 + offset
+        # (M,), or (K, M): this step's metrics
+        step_metrics = metrics if done.count == 1 else metrics[..., offset, :]
+        state = (functools.partial(axis.member_state, done.state) if step == done.step
+                 else _interior_state)
+        for index in list(active):
+            members[index].after_step(Tick(
+                step=step, last=step == steps, step_seconds=seconds / done.count,
+                metrics=axis.member_metrics(step_metrics, index), timed=timed,
+                state=functools.cache(functools.partial(state, index))))
+            if members[index].summary is not None:
+                active.remove(index)
+
+
+def _interior_state(index: int) -> TrainState:
+    raise RuntimeError("a hook read the state of a step inside a chunk of steps: mark it "
+                       "reads_state=True (the default) so that chunks end at its steps")
 
 
 def _preempt(members: list[Member], active: list[int], axis: MemberAxis, step: int,

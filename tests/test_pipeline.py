@@ -2,6 +2,7 @@
 that reads every step's metrics first (`pipelined=False`, the loop as it was, donation
 included): the same metrics.jsonl rows, summaries and final states, bit for bit, for a solo
 run, an ensemble with a member that diverges, a solo run that diverges, and a preempted run.
+Then several steps per program (`train.steps_per_call`) against one, bit for bit likewise.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from scale_ablation import hooks, runs, train
+from scale_ablation import hooks, optim, runs, steps, train
 from scale_ablation.checkpoints import Checkpoints
 from scale_ablation.run_files import RunFiles
 
@@ -103,4 +104,66 @@ def test_preemption_stops_at_the_same_step(tmp_path, at):
     for pipelined in (True, False):
         summary = summaries[pipelined][0]
         assert (summary["status"], summary["steps_completed"]) == ("preempted", at)
+    assert_same_run(tmp_path / "on" / "none", tmp_path / "off" / "none", config_of("none"))
+
+
+# --------------------------------------------------------------------------- chunks of steps
+
+# Up to eight steps per program, where no hook reads the state: with a checkpoint at step 10
+# and the final evaluation at 12, the 12 steps run as chunks of 8, 2 and 2, and the diverging
+# member (step 4 alone: tests/test_ensemble.py) diverges inside the first.
+LAYOUT = {"train.eval_every": 0, "train.diag_every": 0, "checkpoint.every": 10}
+
+
+def train_chunked_and_not(root, names: list[str], layout: dict | None = None,
+                          **kwargs) -> dict[bool, list[dict]]:
+    """The runs `names` as one group with up to 8 steps per program and with 1, under
+    root/{on,off}/NAME; `layout` overrides both."""
+    return {chunked: train.train_runs(
+        [tiny_config(**{**SHARED, **MEMBERS[name], **(layout or {}),
+                        "train.steps_per_call": 8 if chunked else 1}) for name in names],
+        [root / ("on" if chunked else "off") / name for name in names], **kwargs)
+        for chunked in (True, False)}
+
+
+def chunk_programs_compiled(name: str) -> int:
+    config = config_of(name)
+    graphdef, _ = runs.init_state(config)
+    programs = steps.programs(graphdef, optim.OptimizerSettings.of(config),
+                              float(config.train.z_loss))
+    return sum(program._cache_size() for program in programs.chunks.values())
+
+
+def test_chunks_of_steps_give_the_same_ensemble_run(tmp_path):
+    names = list(MEMBERS)
+    summaries = train_chunked_and_not(tmp_path, names, LAYOUT)
+    assert chunk_programs_compiled("none") >= 2  # chunks of 8 and of 2 steps ran
+    statuses = [s["status"] for s in summaries[True]]
+    assert statuses == ["completed", "completed", "diverged"]
+    assert summaries[True][2]["diverged_at_step"] == summaries[False][2]["diverged_at_step"]
+    for name in names:
+        assert_same_run(tmp_path / "on" / name, tmp_path / "off" / name, config_of(name))
+
+
+def test_a_solo_run_diverging_inside_a_chunk_stops_at_its_step(tmp_path):
+    summaries = train_chunked_and_not(tmp_path, ["diverging"], LAYOUT)
+    on, off = summaries[True][0], summaries[False][0]
+    assert on["status"] == off["status"] == "diverged"
+    assert on["diverged_at_step"] == off["diverged_at_step"]
+    assert on["diverged_at_step"] < 8  # inside the first chunk, not at its end
+    assert_same_run(tmp_path / "on" / "diverging", tmp_path / "off" / "diverging",
+                    config_of("diverging"))
+
+
+def test_a_chunk_ends_where_a_hook_reads_the_state(tmp_path):
+    seen = []
+
+    def record(member, tick):
+        seen.append((tick.step, int(tick.state()["step"])))
+
+    summaries = train_chunked_and_not(tmp_path, ["none"],
+                                      extra_hooks=[hooks.Periodic(3, record)])
+    assert [s["status"] for s in summaries[True]] == ["completed"]
+    want = [(step, step) for step in range(3, 13, 3)]
+    assert seen == want + want  # chunked, then not: each state is its step's
     assert_same_run(tmp_path / "on" / "none", tmp_path / "off" / "none", config_of("none"))

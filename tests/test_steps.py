@@ -203,3 +203,24 @@ def test_the_seeded_step_draws_the_host_key_of_its_step_and_returns_every_metric
         assert value == np.float32(want_metrics[name]), name
     _, other_key = jax.jit(plain)(state, batch_of(config, 1), steps.dropout_key(7, 2))
     assert other_key["train/loss"] != want_metrics["train/loss"]  # the key does matter here
+
+
+def test_a_chunk_of_steps_is_its_steps_one_by_one_and_stops_at_a_non_finite_one(fresh):
+    config, graphdef, state, _ = fresh
+    step = steps.seeded(steps.make_train_step(graphdef, make_optimizer(config), 0.0))
+    chunk = jax.jit(steps.chunked(step))
+    batches = [batch_of(config, 10), batch_of(config, 11), batch_of(config, 12)]
+    stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)  # noqa: E731
+    want, want_metrics = state, []
+    for batch in batches:
+        want, metrics = jax.jit(step)(want, batch, jnp.int32(3))
+        want_metrics.append(np.asarray(metrics))
+    got, got_metrics = chunk(state, stack(batches), jnp.int32(3))
+    assert_bitwise_equal(jax.device_get(got), jax.device_get(want))
+    assert np.array_equal(np.asarray(got_metrics), np.stack(want_metrics))  # (n, M)
+    after_first, _ = jax.jit(step)(state, batches[0], jnp.int32(3))
+    poisoned = [batches[0], batch_of(config, 11, poison=True), batches[2]]
+    got, metrics = chunk(state, stack(poisoned), jnp.int32(3))
+    finite = np.asarray(metrics)[:, steps.TRAIN_METRICS.index("train/finite")]
+    assert finite.tolist() == [1.0, 0.0, 1.0]  # the third step alone would be finite again
+    assert_bitwise_equal(jax.device_get(got), jax.device_get(after_first))
