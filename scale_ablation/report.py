@@ -59,10 +59,9 @@ def _baselines(config: dict) -> dict[str, float]:
 
 
 def _instability(run: dict, found: dict[str, float]) -> dict[str, int | None]:
-    """summary.json's spike/collapse steps when the run recorded them, else found now."""
-    summary = run["summary"]
-    if "spike_step" in summary and "collapse_step" in summary:
-        return {"spike_step": summary["spike_step"], "collapse_step": summary["collapse_step"]}
+    """Spike and collapse steps found in the run's rows by today's definitions (`instability`),
+    so that every run of a report is judged alike; summary.json's fields keep what the training
+    loop found, by the definitions of its day, on the same rows."""
     unigram = found.get("baseline_unigram_bpb")
     return instability.instability_steps(
         run["metrics"], warmup_steps=run["config"]["train"].get("warmup_steps", 0),

@@ -64,3 +64,14 @@ def test_instability_steps_for_summary():
     assert got == {"spike_step": 20, "collapse_step": 40}
     got = instability.instability_steps(metrics, warmup_steps=5, unigram_loss=None)
     assert got == {"spike_step": 20, "collapse_step": None}
+
+
+def test_a_solved_task_wobbling_near_zero_loss_does_not_spike():
+    # MQAR at 99% recall: 0.02 -> 0.06 is three times the minimum but 0.04 nats; 0.02 -> 0.5
+    # (the task forgotten in part) is a spike.
+    calm = {0: 4.0, 20: 0.5, 40: 0.02, 60: 0.06, 80: 0.03}
+    assert instability.spike_step(rows("train/loss", calm), warmup_steps=10) is None
+    forgot = {**calm, 100: 0.5}
+    assert instability.spike_step(rows("train/loss", forgot), warmup_steps=10) == 100
+    # Without the floor the wobble at 60 is the spike: the floor is what tells them apart.
+    assert instability.spike_step(rows("train/loss", calm), warmup_steps=10, min_rise=0.0) == 60
