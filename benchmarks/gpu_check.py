@@ -159,13 +159,10 @@ def main() -> int:
     print(json.dumps(bench.machine()), flush=True)
     errors = check_fused()
     run = check_training()
-    config = bench.benchmark_config()
-    peak = bench.matmul_peak_gflops(reps=5)
-    seconds, num_params = bench.step_seconds(config, reps=5)
-    tokens_per_s = config.train.batch_size * config.data.seq_len / seconds
-    mfu = tokens_per_s * bench.flops_per_token(config, num_params) / (peak * 1e9)
-    print(f"benchmark config: {tokens_per_s:,.0f} tokens/s, MFU {mfu:.3f} "
-          f"(peak {peak:,.0f} GFLOP/s measured here)", flush=True)
+    step = bench.step_figures(bench.benchmark_config(), reps=5)
+    print(f"benchmark config: {step['train_tokens_per_s']:,.0f} tokens/s, MFU "
+          f"{step['train_mfu']:.3f} (peak {step['matmul_peak_gflops']:,.0f} GFLOP/s measured "
+          "here)", flush=True)
     device_idle_fraction()
     device_idle_fraction(steps_per_call=8)
     host_seconds_per_step()

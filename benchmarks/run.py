@@ -368,15 +368,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _step_figures(results: dict, config, reps: int) -> None:
-    results["matmul_peak_gflops"] = matmul_peak_gflops(reps)
+def step_figures(config, reps: int) -> dict[str, float]:
+    """The train step's time, tokens/s and MFU against a matmul peak measured just before."""
+    peak = matmul_peak_gflops(reps)
     seconds, num_params = step_seconds(config, reps)
-    tokens = config.train.batch_size * config.data.seq_len
-    results["train_step_seconds"] = seconds
-    results["train_tokens_per_s"] = tokens / seconds
-    results["model_flops_per_token"] = flops_per_token(config, num_params)
-    results["train_mfu"] = (results["train_tokens_per_s"] * results["model_flops_per_token"]
-                            / (results["matmul_peak_gflops"] * 1e9))
+    tokens_per_s = config.train.batch_size * config.data.seq_len / seconds
+    flops = flops_per_token(config, num_params)
+    return {"matmul_peak_gflops": peak, "train_step_seconds": seconds,
+            "train_tokens_per_s": tokens_per_s, "model_flops_per_token": flops,
+            "train_mfu": tokens_per_s * flops / (peak * 1e9)}
+
+
+def _step_figures(results: dict, config, reps: int) -> None:
+    results.update(step_figures(config, reps))
     results["attention_overhead_ratio"] = attention_overhead_ratio(config, reps)
 
 

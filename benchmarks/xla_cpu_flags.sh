@@ -14,12 +14,8 @@ for flags in "" "--xla_cpu_use_onednn=true" "--xla_cpu_experimental_onednn_fusio
   XLA_FLAGS="$flags" WANDB_MODE=disabled timeout 300 "$python" -c "
 import os
 from benchmarks import run as bench
-config = bench.benchmark_config()
-peak = bench.matmul_peak_gflops(reps=5)
-seconds, params = bench.step_seconds(config, reps=5)
-tokens_per_s = config.train.batch_size * config.data.seq_len / seconds
-mfu = tokens_per_s * bench.flops_per_token(config, params) / (peak * 1e9)
-print(f'[{os.environ[\"XLA_FLAGS\"]}] step {seconds * 1e3:.0f} ms, matmul peak {peak:.0f} '
-      f'GFLOP/s, MFU {mfu:.3f}', flush=True)
+step = bench.step_figures(bench.benchmark_config(), reps=5)
+print(f'[{os.environ[\"XLA_FLAGS\"]}] step {step[\"train_step_seconds\"] * 1e3:.0f} ms, matmul '
+      f'peak {step[\"matmul_peak_gflops\"]:.0f} GFLOP/s, MFU {step[\"train_mfu\"]:.3f}', flush=True)
 " 2>/dev/null
 done
