@@ -68,7 +68,7 @@ class Progress:
             else:
                 print(text, file=self.stream, flush=True)
 
-        return Periodic(1, report, after_step_work=True)
+        return Periodic(1, report, after_step_work=True, reads_state=False)
 
 
 def _numbers(summary: dict) -> str:

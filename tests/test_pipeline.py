@@ -7,12 +7,15 @@ Then several steps per program (`train.steps_per_call`) against one, bit for bit
 
 from __future__ import annotations
 
+import io
+from types import SimpleNamespace
+
 import jax
 import numpy as np
 import pytest
 from helpers import tiny_config
 
-from scale_ablation import hooks, optim, runs, steps, train
+from scale_ablation import console, hooks, loop, optim, runs, steps, train
 from scale_ablation.checkpoints import Checkpoints
 from scale_ablation.run_files import RunFiles
 
@@ -167,3 +170,19 @@ def test_a_chunk_ends_where_a_hook_reads_the_state(tmp_path):
     want = [(step, step) for step in range(3, 13, 3)]
     assert seen == want + want  # chunked, then not: each state is its step's
     assert_same_run(tmp_path / "on" / "none", tmp_path / "off" / "none", config_of("none"))
+
+
+def test_only_hooks_that_read_the_state_end_a_chunk():
+    """The hooks every run and every sweep attach: with evaluation, diagnostics and checkpoints
+    at step 16 only, a chunk from step 0 runs 8 steps, from 8 too, and from 12 the 4 to 16;
+    a hook that reads the state every 3 steps cuts the chunk from 0 to 2 steps (3 is inside 0-4:
+    the power of two below 3)."""
+    config = tiny_config(**{"train.steps": 16, "train.steps_per_call": 8, "train.eval_every": 16,
+                            "train.diag_every": 16, "checkpoint.every": 16})
+    sweep_line = console.Progress(total=1, already_done=0, stream=io.StringIO()).step_hook("g")
+    member = SimpleNamespace(hooks=[*hooks.default_hooks(config, extra=[sweep_line]),
+                                    *hooks.hooks_from_environment({})])
+    t = config.train
+    assert [loop._chunk_length([member], step, t) for step in (0, 8, 12, 15)] == [8, 8, 4, 1]
+    member.hooks.append(hooks.Periodic(3, lambda m, tick: tick.state()))
+    assert loop._chunk_length([member], 0, t) == 2
