@@ -32,10 +32,13 @@ def _stand_in(config: ml_collections.ConfigDict) -> runs.PreparedRun:
 
 
 def compile_group(configs: Sequence[ml_collections.ConfigDict], pipelined: bool = True) -> None:
-    """Compile the init program and the train step of `configs`, one ensemble group."""
+    """Compile the init program and the train step of `configs`, one ensemble group: the
+    program of `train.steps_per_call` steps, the length most of its chunks have (others, near
+    the steps where hooks read the state, compile when first used)."""
     stand_ins = [_stand_in(config) for config in configs]
     axis = MemberAxis(stand_ins, donate=not pipelined)
-    axis.compile_step(axis.stack([run.state for run in stand_ins]), axis.example_batch())
+    axis.compile_step(axis.stack([run.state for run in stand_ins]),
+                      configs[0].train.get("steps_per_call", 1))
 
 
 class Ahead:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -166,7 +166,19 @@ class MemberAxis:
                     for s in range(step, step + count)]
             return rows[0] if count == 1 else _stack_batches(rows)
 
-        rows = [member_rows(source) for source in sources]
+        return self._on_devices([member_rows(source) for source in sources], count)
+
+    def example_batch(self, count: int = 1) -> dict:
+        """Batches of zeros shaped and placed as `batch(..., count)` places the members'."""
+        shape = (self.batch_size, self.seq_len) if count == 1 else (
+            count, self.batch_size, self.seq_len)
+        zeros = data_lib.Batch(np.zeros(shape, np.int32), np.zeros(shape, np.int32),
+                               np.zeros(shape, np.float32))
+        return self._on_devices([zeros] * self.count, count)
+
+    def _on_devices(self, rows: list[data_lib.Batch], count: int) -> dict:
+        """The members' rows as one batch on the devices, each member's split over them as in
+        its solo run."""
         sharding = self.batch_sharding
         if count > 1:  # the steps' axis, unsplit, in front of (B, T) and behind the members'
             sharding = NamedSharding(sharding.mesh, P(None, *sharding.spec))
@@ -178,20 +190,13 @@ class MemberAxis:
         """Dispatch `count` steps of every member (`batch` from `batch(..., count)`): the new
         state and the metrics, (M,) or (K, M) for one step, (count, M) or (K, count, M) for
         several (`steps.chunked`, one program per count)."""
-        program = (self._step if count == 1
-                   else self._programs.chunk_program(self.count, self._donate))
-        return program(state, batch, self._seeds)
+        return self._program(count)(state, batch, self._seeds)
 
-    def example_batch(self) -> dict:
-        """A batch of zeros shaped and placed as `batch` places the members' batches."""
-        shape = (self.batch_size, self.seq_len)  # (B, T); (K, B, T) for K > 1
-        rows = data_lib.Batch(np.zeros(shape, np.int32), np.zeros(shape, np.int32),
-                              np.zeros(shape, np.float32))
-        if self.count > 1:
-            rows = data_lib.Batch(*(np.stack([x] * self.count) for x in (
-                rows.inputs, rows.targets, rows.weights)))
-        return runs.to_device_batch(rows, self.batch_sharding)
+    def compile_step(self, state: TrainState, count: int = 1) -> None:
+        """Compile the program of `count` steps for this state without running it
+        (`scale_ablation.ahead`)."""
+        self._program(count).lower(state, self.example_batch(count), self._seeds).compile()
 
-    def compile_step(self, state: TrainState, batch: dict) -> None:
-        """Compile the step for these arguments without running it (`scale_ablation.ahead`)."""
-        self._step.lower(state, batch, self._seeds).compile()
+    def _program(self, count: int) -> Callable:
+        return (self._step if count == 1
+                else self._programs.chunk_program(self.count, self._donate))

@@ -11,15 +11,21 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO, TINY_MODEL, experiment_source
 
-EXPERIMENT = experiment_source(
-    "Two runs that train as one ensemble and one of another shape that trains alone.",
-    {**TINY_MODEL, "train.steps": 4, "train.warmup_steps": 0,
-     "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 2,
-     "checkpoint.every": 4, "wandb.mode": "disabled"},
-    repr([{"policy": "none"}, {"policy": "inv_dk"},
-          {"policy": "inv_sqrt_dk", "model.head_dim": 8}]))
+
+def experiment(steps_per_call: int) -> str:
+    """Two runs that train as one ensemble and one of another shape that trains alone; with 2
+    steps per program every chunk has 2 steps (the state is read at steps 2 and 4)."""
+    return experiment_source(
+        "Two runs that train as one ensemble and one of another shape that trains alone.",
+        {**TINY_MODEL, "train.steps": 4, "train.warmup_steps": 0,
+         "train.log_every": 2, "train.eval_every": 2, "train.diag_every": 2,
+         "checkpoint.every": 4, "wandb.mode": "disabled",
+         "train.steps_per_call": steps_per_call},
+        repr([{"policy": "none"}, {"policy": "inv_dk"},
+              {"policy": "inv_sqrt_dk", "model.head_dim": 8}]))
 LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps, (\d+) of them "
                   r"ahead\), (\d+) loaded")
 
@@ -38,18 +44,19 @@ def run_sweep(spec: str, sweep_dir) -> tuple[int, int, int, int]:
     return tuple(int(n) for n in found.groups())
 
 
-def test_warm_cache_rerun_compiles_nothing(tmp_path):
-    experiment = tmp_path / "tiny_compile.py"
-    experiment.write_text(EXPERIMENT)
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_warm_cache_rerun_compiles_nothing(tmp_path, steps_per_call):
+    spec = tmp_path / "tiny_compile.py"
+    spec.write_text(experiment(steps_per_call))
     sweep_dir = tmp_path / "sweep"
-    compiled, train_steps, ahead, _ = run_sweep(str(experiment), sweep_dir)
+    compiled, train_steps, ahead, _ = run_sweep(str(spec), sweep_dir)
     assert compiled > train_steps  # init, eval, diagnostics, ...
-    # K=2 and solo, each once: the solo step was compiled while the ensemble trained, and its
-    # group used that program instead of compiling it again.
+    # K=2 and solo, each once: the solo program (of one step, or of a chunk of two) was compiled
+    # while the ensemble trained, and its group used it instead of compiling it again.
     assert (train_steps, ahead) == (2, 1)
     for entry in sweep_dir.iterdir():  # the runs go, the compilation cache stays
         if entry.name != ".jax_cache":
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    compiled, train_steps, _, loaded = run_sweep(str(experiment), sweep_dir)
+    compiled, train_steps, _, loaded = run_sweep(str(spec), sweep_dir)
     assert (compiled, train_steps) == (0, 0)
     assert loaded > 0
