@@ -77,6 +77,7 @@ class BestLR:
     estimate: stats.Estimate | None
     grid: tuple[float, ...]
     runs: tuple[dict, ...]  # the runs at the best learning rate
+    chosen_on: str = ""  # the row key the learning rate is best in
 
     @property
     def at_edge(self) -> bool:
@@ -96,7 +97,7 @@ def best_lrs(rows: list[dict], key: str, higher_is_better: bool) -> list[BestLR]
         best = min(scored, key=lambda lr: sign * scored[lr].mean) if scored else None
         policy = next(iter(by_lr.values()))[0]["policy"]
         out.append(BestLR(name, policy, d_k, best, scored.get(best), tuple(sorted(by_lr)),
-                          tuple(by_lr.get(best, ()))))
+                          tuple(by_lr.get(best, ())), key))
     return out
 
 
@@ -141,7 +142,9 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
     """Each setting at its own best LR against the reference at its own, matched on seed (and
     the fields the two settings share). A side whose best LR is on its grid's edge may do better
     beyond it, so only the decision that survives that stands: "better" when the compared
-    setting is at an edge, "worse" when the reference is; anything else is AT_EDGE."""
+    setting is at an edge, "worse" when the reference is; anything else is AT_EDGE. On another
+    metric than the LRs were chosen on (the degradation beyond the training length, say), a
+    wider grid can move it either way: an edge on either side leaves every decision AT_EDGE."""
     groups: dict = defaultdict(list)
     edges: dict = {}
     refs = {(b.setting, b.d_k): b for b in best if b.policy == reference and b.lr is not None}
@@ -155,7 +158,10 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
             if r["seed"] in by_seed:
                 pair = (finished_value(r, key), finished_value(by_seed[r["seed"]], key))
                 groups[(b.setting, b.policy, b.d_k, None)].append(pair)
-        edges[(b.setting, b.d_k)] = (b.at_edge, ref.at_edge)
+        if b.chosen_on == key:
+            edges[(b.setting, b.d_k)] = (b.at_edge, ref.at_edge)
+        else:
+            edges[(b.setting, b.d_k)] = (b.at_edge or ref.at_edge,) * 2
     return [_unless_edge(p, *edges[(p.variant, p.d_k)])
             for p in _paired(groups, higher_is_better)]
 

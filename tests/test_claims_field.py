@@ -86,3 +86,24 @@ def test_the_other_policy_alone_decides_its_own_claim():
 def test_no_runs_with_the_values_is_inconclusive(field):
     rule = field_rule("worse", field, 4.0, 1.0)
     assert claims.judge(claims.Claim("x", rule), ROWS).verdict == "inconclusive"
+
+
+def test_on_another_metric_than_the_lrs_were_chosen_on_an_edge_decides_nothing():
+    """A wider grid can move a secondary metric either way: logit_layernorm's post, better
+    than its pre at the edge in the LR-choosing metric (decided above), is not established in a
+    second metric that copies it, nor with the roles swapped; with interior best LRs it is."""
+    def with_copy(rows):
+        return [{**r, "final_copy": r["final_val_bpb"]} for r in rows]
+
+    def rule(value, reference):
+        return claims.Arms(claims.Compare("better", policies=(value,), reference=reference,
+                                          metric="final_copy"),
+                           field="model.norm_position", policies=("logit_layernorm",))
+
+    at_edge = with_copy([r for r in ROWS if r["lr"] >= 1e-3])
+    for value, reference in (("post", "pre"), ("pre", "post")):
+        found = claims.judge(claims.Claim("x", rule(value, reference)), at_edge)
+        assert found.verdict == "inconclusive", found
+        assert found.numbers[0].endswith(f"→ {AT_EDGE}"), found
+    interior = claims.judge(claims.Claim("x", rule("post", "pre")), with_copy(ROWS))
+    assert interior.verdict == "supported" and interior.numbers[0].endswith("→ better")
