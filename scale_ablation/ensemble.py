@@ -119,7 +119,7 @@ def _stack_batches(batches: Sequence[data_lib.Batch]) -> data_lib.Batch:
 
 
 class MemberAxis:
-    """How K runs line up in one program. K = 1: states, batches and keys as a solo run has
+    """How K runs line up in one program. K = 1: states, batches and seeds as a solo run has
     them, stepped by the plain train step. K > 1: every leaf gets a leading member axis and the
     step runs over it (`steps.over_members`)."""
 

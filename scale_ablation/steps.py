@@ -120,7 +120,8 @@ def seeded(step: Callable) -> Callable:
     dropout key on the device, from the seed and the state's step counter (the key the host's
     `dropout_key(seed, step)` makes), and returning the metrics as one vector leave one batch
     in and one vector out per step: on an H200 the loop's ~15 exchanges per step had left the
-    device idle 72% of the time (benchmarks/results/gpu_check_NVIDIA_H200_2026-11-30.txt).
+    device idle 72% of the time
+    (benchmarks/results/gpu_check_NVIDIA_H200_2026-11-30_before.txt).
     """
 
     def train_step(state: TrainState, batch: dict, seed: jax.Array):
