@@ -189,8 +189,8 @@ MUTATIONS = [
              "                and True", "tests/test_instability.py", "-k", "solved"),
     mutation("edge_kept_on_secondary_metric", "report",
              "an edge on a metric the LRs were not chosen on keeps the primary metric's decisions",
-             "scale_ablation/comparisons.py", "        if b.chosen_on == key:",
-             "        if True:", "tests/test_claims_field.py", "-k", "another_metric"),
+             "scale_ablation/comparisons.py", "same_metric=b.chosen_on == key)",
+             "same_metric=True)", "tests/test_claims_field.py", "-k", "another_metric"),
     # --------------------------------------------------------------- sharding
     mutation("no_fsdp", "sharding", "train.fsdp > 1 leaves every parameter replicated",
              *FSDP_OFF, *INSPECT),

@@ -77,7 +77,7 @@ class BestLR:
     estimate: stats.Estimate | None
     grid: tuple[float, ...]
     runs: tuple[dict, ...]  # the runs at the best learning rate
-    chosen_on: str = ""  # the row key the learning rate is best in
+    chosen_on: str  # the row key the learning rate is best in
 
     @property
     def at_edge(self) -> bool:
@@ -146,7 +146,7 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
     metric than the LRs were chosen on (the degradation beyond the training length, say), a
     wider grid can move it either way: an edge on either side leaves every decision AT_EDGE."""
     groups: dict = defaultdict(list)
-    edges: dict = {}
+    standing: dict = {}  # (setting, d_k) -> the decisions a wider grid cannot reverse
     refs = {(b.setting, b.d_k): b for b in best if b.policy == reference and b.lr is not None}
     for b in best:
         # The reference with the same other fields: `none (gain=2)` against `inv_sqrt_dk (gain=2)`.
@@ -158,21 +158,19 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
             if r["seed"] in by_seed:
                 pair = (finished_value(r, key), finished_value(by_seed[r["seed"]], key))
                 groups[(b.setting, b.policy, b.d_k, None)].append(pair)
-        if b.chosen_on == key:
-            edges[(b.setting, b.d_k)] = (b.at_edge, ref.at_edge)
-        else:
-            edges[(b.setting, b.d_k)] = (b.at_edge or ref.at_edge,) * 2
-    return [_unless_edge(p, *edges[(p.variant, p.d_k)])
+        standing[(b.setting, b.d_k)] = _standing(b, ref, same_metric=b.chosen_on == key)
+    return [p if p.decision in standing[(p.variant, p.d_k)] | {stats.TOO_FEW}
+            else dataclasses.replace(p, decision=AT_EDGE)
             for p in _paired(groups, higher_is_better)]
 
 
-def _unless_edge(pair: Paired, compared_at_edge: bool, reference_at_edge: bool) -> Paired:
-    standing = {"better"} if compared_at_edge else {"better", "worse", "indistinguishable"}
-    if reference_at_edge:
-        standing &= {"worse"}
-    if pair.decision in standing or pair.decision == stats.TOO_FEW:
-        return pair
-    return dataclasses.replace(pair, decision=AT_EDGE)
+def _standing(compared: BestLR, reference: BestLR, same_metric: bool) -> set[str]:
+    """The decisions that stand with these best LRs (see `paired_best_lr`)."""
+    if not same_metric:
+        at_edge = compared.at_edge or reference.at_edge
+        return set() if at_edge else {"better", "worse", "indistinguishable"}
+    standing = {"better"} if compared.at_edge else {"better", "worse", "indistinguishable"}
+    return standing & {"worse"} if reference.at_edge else standing
 
 
 def _paired(groups: dict, higher_is_better: bool) -> list[Paired]:
