@@ -1,6 +1,6 @@
 r"""Pitfall 2: where normalisation sits. Pre-norm vs post-norm blocks vs LayerNorm on the logits.
 
-  python -m scale_ablation.sweep --config=experiments/norm_placement.py:cpu --workdir=runs/norm_cpu
+  python -m scale_ablation.sweep --config=experiments/norm_placement.py:cpu --workdir=runs/norm_placement_cpu
 
 `logit_layernorm` normalises q·k over the visible keys before the 1/√d_k divisor, which the
 article says over-normalises (post-scale logit std ≈ 1/√d_k instead of 1): that is its pitfall 2
@@ -10,9 +10,10 @@ crosses it with.
 Variants:
 - `cpu` (the study for 2 cores): the base CPU model (4 heads × d_k 32, 600 steps); pre and
   post blocks × 1/√d_k and LayerNorm on the logits (4 settings) × LR {1e-3, 3e-3, 1e-2} (and
-  3e-2 for post-norm blocks, whose best sat on 1e-2 in the first pass) × 3 seeds = 42 runs; the
-  first 36 took 42 minutes on 2 cores shared with other work. One d_k: at d_k 32 the over-normalised logits
-  have std 1/√32 ≈ 0.18, flat enough to show, and a d_k axis would triple the grid.
+  3e-2 for post-norm blocks, whose best sat on 1e-2 in the first pass; every post-norm run
+  collapses at 3e-2) × 3 seeds = 42 runs, 48 minutes on 2 cores. One d_k: at d_k 32 the
+  over-normalised logits have std 1/√32 ≈ 0.18, flat enough to show, and a d_k axis would triple
+  the grid.
 - default (one accelerator): d_k 16, 64, 256 and 1024, one seed at one LR.
 - `quick` (smoke test): d_k 16 and 256.
 """
