@@ -191,6 +191,10 @@ MUTATIONS = [
              "an edge on a metric the LRs were not chosen on keeps the primary metric's decisions",
              "scale_ablation/comparisons.py", "same_metric=b.chosen_on == key)",
              "same_metric=True)", "tests/test_claims_field.py", "-k", "another_metric"),
+    mutation("band_judged_at_an_edge_lr", "report",
+             "a learned scale at a best LR on the grid's edge is judged against the band",
+             "scale_ablation/claims.py", "        elif at_edge:\n            place = cmp.AT_EDGE\n",
+             "", "tests/test_claims_rules.py", "-k", "edge"),
     # --------------------------------------------------------------- sharding
     mutation("no_fsdp", "sharding", "train.fsdp > 1 leaves every parameter replicated",
              *FSDP_OFF, *INSPECT),

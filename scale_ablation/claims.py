@@ -69,7 +69,8 @@ class Compare:
                   if self.metric == "primary" else self.metric)
         metric = f"log10 {metric}" if self.log10 else metric
         dims = f", d_k >= {self.min_d_k}" if self.min_d_k else ""
-        return (f"supported if {who} is {self.expect} than {self.reference} in {metric} "
+        relation = "from" if self.expect == "indistinguishable" else "than"
+        return (f"supported if {who} is {self.expect} {relation} {self.reference} in {metric} "
                 f"({where}{dims}; paired by seed, 95% CI of the difference)")
 
 
@@ -226,14 +227,19 @@ def write_claims(spec: str, sweep_dir: str, rows: list[dict], path: str,
 # --------------------------------------------------------------------------- bands and arms
 
 
+ACROSS_BAND = "across the band's edge"
+
+
 @dataclasses.dataclass(frozen=True)
 class Band:
     """Where a run-row value ends relative to a reference value: supported when, for every
     listed policy and d_k, the 95% CI over seeds of the geometric mean of value / reference
     lies inside [1/factor, factor]; contradicted when one lies wholly outside; otherwise (a CI
-    across an edge, a single seed) inconclusive. The reference is `target`'s scale at each
+    across the band's edge, a single seed) inconclusive. The reference is `target`'s scale at each
     d_k (a policy name: "inv_sqrt_dk" gives 1/√d_k). With an LR grid each setting is taken at
-    its own best learning rate (the sweep's primary metric)."""
+    its own best learning rate (the sweep's primary metric); a best LR on the grid's edge leaves
+    its setting not established, since a wider grid can move the value either way (the edge
+    rule for metrics the LRs were not chosen on, `comparisons._standing`)."""
 
     factor: float  # the band: [reference/factor, reference·factor]
     policies: tuple[str, ...] = ()  # empty: every policy whose runs have the value
@@ -253,27 +259,28 @@ class Band:
                 "ratio, each setting at its own best LR when there is an LR grid)")
 
 
-def _band_groups(rule: Band, rows: list[dict]) -> dict[tuple[str, int], list[dict]]:
-    """(setting or variant, d_k) -> the runs judged: those at the best LR with an LR grid."""
+def _band_groups(rule: Band, rows: list[dict]) -> dict[tuple[str, int], tuple[list, bool]]:
+    """(setting or variant, d_k) -> (the runs judged, whether their LR is on the grid's edge):
+    with an LR grid, the runs at the best LR."""
     rows = [r for r in rows if r["d_k"] >= rule.min_d_k
             and (not rule.policies or r["policy"] in rule.policies)]
     if cmp.has_lr_grid(rows):
         key, higher = cmp.primary_metric(rows)
-        return {(f"{b.setting} @ lr={b.lr:.3g}", b.d_k): list(b.runs)
+        return {(f"{b.setting} @ lr={b.lr:.3g}", b.d_k): (list(b.runs), b.at_edge)
                 for b in cmp.best_lrs(rows, key, higher) if b.lr is not None}
     groups: dict = defaultdict(list)
     for r in rows:
         groups[(cmp.variant(r), r["d_k"])].append(r)
-    return groups
+    return {name: (runs, False) for name, runs in groups.items()}
 
 
 def _judge_band(rule: Band, rows: list[dict]) -> Verdict:
     import math
 
     from scale_ablation import policies
-    edge = math.log10(rule.factor)
+    log_factor = math.log10(rule.factor)
     numbers, places = [], {}
-    for (name, d_k), runs in _band_groups(rule, rows).items():
+    for (name, d_k), (runs, at_edge) in _band_groups(rule, rows).items():
         reference = policies.get(rule.target).base_scale(d_k)
         logs = [math.log10(v / reference) for r in runs
                 if (v := cmp.finished_value(r, rule.metric)) is not None and v > 0]
@@ -282,12 +289,14 @@ def _judge_band(rule: Band, rows: list[dict]) -> Verdict:
         found = cmp.stats.mean_ci(logs)
         if found.half_width is None:
             place = cmp.stats.TOO_FEW
-        elif -edge <= found.low and found.high <= edge:
+        elif at_edge:
+            place = cmp.AT_EDGE
+        elif -log_factor <= found.low and found.high <= log_factor:
             place = "inside"
-        elif found.high < -edge or found.low > edge:
+        elif found.high < -log_factor or found.low > log_factor:
             place = "outside"
         else:
-            place = "across an edge"
+            place = ACROSS_BAND
         places[(name, d_k)] = place
         ci = ("" if found.half_width is None else
               f", 95% CI {10 ** found.low:.3g}–{10 ** found.high:.3g}")
@@ -302,7 +311,7 @@ def _judge_band(rule: Band, rows: list[dict]) -> Verdict:
         return Verdict("contradicted", f"outside {band}: {named(('outside',))}", tuple(numbers))
     if any(p != "inside" for p in places.values()):
         return Verdict("inconclusive", f"not resolved by the data: "
-                       f"{named(('across an edge', cmp.stats.TOO_FEW))}", tuple(numbers))
+                       f"{named((ACROSS_BAND, cmp.stats.TOO_FEW, cmp.AT_EDGE))}", tuple(numbers))
     return Verdict("supported", f"all {len(places)} inside {band}", tuple(numbers))
 
 

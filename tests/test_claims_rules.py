@@ -56,7 +56,7 @@ def test_band_contradicted_when_a_ci_is_wholly_outside():
     assert "d_k=16" not in found.reason
 
 
-@pytest.mark.parametrize("factors", [(1.5, 2.5, 3.5), (1.1,)], ids=["across an edge", "one seed"])
+@pytest.mark.parametrize("factors", [(1.5, 2.5, 3.5), (1.1,)], ids=["across the band's edge", "one seed"])
 def test_band_inconclusive(factors):
     found = verdict(c.Band(2.0), learned_rows({16: factors}))
     assert found.verdict == "inconclusive", found
@@ -68,12 +68,29 @@ def test_band_inconclusive_without_values():
 
 
 def test_band_takes_each_setting_at_its_best_lr():
-    """The best LR (lowest bits per byte) ends inside the band, the other LR far outside."""
+    """The best LR (lowest bits per byte, inside the grid) ends inside the band, the LRs on
+    either side far outside it; with the bits per byte reversed around 1e-1 the best is 1e-3."""
     best = learned_rows({16: (1.0, 1.1, 1.05)}, lr=1e-2, bpb=2.5)
-    worse = learned_rows({16: (9.0, 9.5, 10.0)}, lr=1e-1, bpb=3.5)
-    assert verdict(c.Band(2.0), best + worse).verdict == "supported"
-    assert verdict(c.Band(2.0), [{**r, "final_val_bpb": 6.0 - r["final_val_bpb"]}
-                                 for r in best + worse]).verdict == "contradicted"
+    low = learned_rows({16: (9.0, 9.5, 10.0)}, lr=1e-3, bpb=3.5)
+    high = learned_rows({16: (9.0, 9.5, 10.0)}, lr=1e-1, bpb=3.4)
+    assert verdict(c.Band(2.0), best + low + high).verdict == "supported"
+    interior_worse = [{**r, "final_val_bpb": 1.0} for r in low]  # 1e-3 best: at the grid's edge
+    assert verdict(c.Band(2.0), best + interior_worse + high).verdict == "inconclusive"
+
+
+def test_a_best_lr_on_the_grids_edge_leaves_the_band_not_established():
+    """The scale is not the metric the LR was chosen on: a wider grid could move it into the
+    band or out of it, so a best LR on either edge decides nothing, even wholly outside."""
+    middle = learned_rows({16: (1.0, 1.1, 1.05)}, lr=1e-2, bpb=3.0)
+    for edge_lr in (1e-3, 1e-1):
+        best = learned_rows({16: (9.0, 9.5, 10.0)}, lr=edge_lr, bpb=2.5)
+        other = learned_rows({16: (1.0, 1.1, 1.05)}, lr=1e-3 + 1e-1 - edge_lr, bpb=3.5)
+        found = verdict(c.Band(2.0), best + middle + other)
+        assert found.verdict == "inconclusive", found
+        assert found.numbers[0].endswith("→ not established (best LR at a grid edge)"), found
+    interior = learned_rows({16: (9.0, 9.5, 10.0)}, lr=1e-2, bpb=2.5)
+    ends = [r for lr in (1e-3, 1e-1) for r in learned_rows({16: (1.0, 1.1, 1.05)}, lr=lr)]
+    assert verdict(c.Band(2.0), interior + ends).verdict == "contradicted"
 
 
 def test_band_refuses_a_factor_of_one_or_less():
