@@ -27,10 +27,10 @@ def _steps(rows: list[dict], key: str) -> str:
     return ",".join(str(r[key]) for r in rows if r.get(key) is not None)
 
 
-def cell(rows: list[dict], key: str = "final_val_bpb") -> str:
+def cell(rows: list[dict], key: str = "final_val_bpb", digits: int = 3) -> str:
     """`mean ± CI (n=k)` of the completed runs, then the instability and status marks."""
     found = cmp.estimate(rows, key)
-    return " ".join(([found.format()] if found else []) + marks(rows)) or "—"
+    return " ".join(([found.format(digits)] if found else []) + marks(rows)) or "—"
 
 
 def marks(rows: list[dict]) -> list[str]:
@@ -66,14 +66,14 @@ def baseline_line(rows: list[dict], key: str) -> list[str]:
     return [f"Baselines (recall accuracy): {'; '.join(found)}.", ""]
 
 
-def grid_table(rows: list[dict], key: str, title: str) -> list[str]:
+def grid_table(rows: list[dict], key: str, title: str, digits: int = 3) -> list[str]:
     variants = list(dict.fromkeys(cmp.variant(r) for r in rows))
     head_dims = sorted({r["d_k"] for r in rows})
     lines = [f"# {title}", "", *baseline_line(rows, key),
              "| policy | " + " | ".join(f"d_k={d}" for d in head_dims) + " |",
              "|---|" + "---|" * len(head_dims)]
     for name in variants:
-        cells = [cell([r for r in rows if cmp.variant(r) == name and r["d_k"] == d], key)
+        cells = [cell([r for r in rows if cmp.variant(r) == name and r["d_k"] == d], key, digits)
                  for d in head_dims]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
@@ -225,6 +225,10 @@ def write_markdown(rows: list[dict], path: str, reference: str = cmp.DEFAULT_REF
              *grid_table(rows, "final_val_bpb", "Final validation bits per byte")]
     for extra_key in extra_metric_keys(rows):
         lines += ["", *grid_table(rows, extra_key, f"Final {extra_key.removeprefix('final_')}")]
+    learned = [r for r in rows if r.get("final_learned_scale") is not None]
+    if learned:  # the value a learned-scale claim is judged on, at every LR (claims take the best)
+        lines += ["", *grid_table(learned, "final_learned_scale",
+                                  "Final learned scale (mean over layers)", digits=4)]
     if best:
         lines += ["", *best_lr_table(rows, best, key)]
         at_best = cmp.paired_best_lr(best, reference, key, higher)

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from experiments import base
-from scale_ablation import report, report_plots
+from scale_ablation import report, report_plots, report_tables
 
 STEPS = (0, 25, 50)
 SEEDS = (0, 1, 2)
@@ -95,3 +95,19 @@ def test_max_logit_against_lr_carries_the_float16_line(tmp_path, captured):
                                  unit=None, log_y=True, float16_line=True)
     (axes,) = captured
     assert any(list(line.get_ydata()) == [65504.0] * 2 for line in axes[0][0].get_lines())
+
+
+def test_summary_tables_the_final_learned_scale_of_each_policy(tmp_path):
+    """summary.md carries the final learned scale (mean over layers, then over seeds, as numpy
+    computes it here) of the learned policies; the fixed one has no row."""
+    runs = [synthetic_run(p, s) for p in ("inv_sqrt_dk", "learned", "learned:1.0") for s in SEEDS]
+    rows = [report.summarise_run(run) for run in runs]
+    path = tmp_path / "summary.md"
+    report_tables.write_markdown(rows, str(path))
+    text = path.read_text()
+    table = text[text.index("# Final learned scale"):].split("\n\n")[1].splitlines()
+    cells = {line.split(" | ")[0].removeprefix("| "): line.split(" | ")[1] for line in table[2:]}
+    for policy in ("learned", "learned:1.0"):
+        finals = [np.mean([scale_at(policy, s, i, STEPS[-1]) for i in (0, 1)]) for s in SEEDS]
+        assert cells[policy].startswith(f"{np.mean(finals):.4f} ± "), cells
+    assert set(cells) == {"learned", "learned:1.0"}
