@@ -10,8 +10,9 @@ Variants:
 - `cpu` (the study for 2 cores): the base CPU model (4 heads × d_k 32, 600 steps) with gain
   g = 4, where 1/√d_k starts with logits of std g² = 16 instead of 1 (scale 1: 16·√32 ≈ 90):
   1/√d_k, scale 1, 1/(g²√d_k) and the article's 1/(g√d_k), plus 1/√d_k at gain 1 as the
-  unbroken reference; 5 settings × LR {1e-3, 3e-3, 1e-2} × 3 seeds = 45 runs, about 40 minutes
-  on 2 cores. One large gain rather than a gain axis: g = 2 moves the 1/√d_k logits only to
+  unbroken reference; 5 settings × LR {1e-3, 3e-3, 1e-2} × 3 seeds = 45 runs (35 minutes on 2
+  cores), and 3e-2, 1e-1 for the three gain-4 settings other than scale 1, whose best LR sat on
+  1e-2 (18 runs). One large gain rather than a gain axis: g = 2 moves the 1/√d_k logits only to
   std 4, and a second gain would double the grid past the hour.
 - default (one accelerator): gains 1 and 2 × d_k 64 and 256, one seed at one LR.
 - `quick` (smoke test): gains 1 and 2 at d_k 64.
@@ -22,6 +23,9 @@ from scale_ablation import claims as claims_lib
 
 CPU_GAIN, CPU_HEAD_DIM = 4.0, 32
 CPU_LRS = (1e-3, 3e-3, 1e-2)
+# At gain 4 every setting but scale 1 had its best LR on 1e-2, the grid's top, in the first
+# pass: larger q/k weights move relatively less per Adam step, so their best LR sits higher.
+WIDER_AT_GAIN = (3e-2, 1e-1)
 
 
 def get_config(arg: str | None = None):
@@ -36,13 +40,18 @@ def compensations(gain: float, head_dim: int) -> tuple[str, ...]:
     return ("inv_sqrt_dk", f"gain_aware:{gain:g}", f"const:{1 / (gain * head_dim**0.5):.6g}")
 
 
+def wider_lrs(gain: float, policy: str) -> tuple[float, ...]:
+    return WIDER_AT_GAIN if gain != 1.0 and policy != "none" else ()
+
+
 def sweep(arg: str | None = None) -> list[dict]:
     if arg == "cpu":
         settings = [(1.0, "inv_sqrt_dk")] + [
             (CPU_GAIN, p) for p in ("none", *compensations(CPU_GAIN, CPU_HEAD_DIM))]
         return [{"model.init_gain": gain, "policy": policy, "model.head_dim": CPU_HEAD_DIM,
                  "train.lr": lr, "train.seed": seed}
-                for gain, policy in settings for lr in CPU_LRS for seed in (0, 1, 2)]
+                for gain, policy in settings for lr in CPU_LRS + wider_lrs(gain, policy)
+                for seed in (0, 1, 2)]
     head_dims = (64,) if arg == "quick" else (64, 256)
     return [
         {"model.init_gain": gain, "policy": policy, "model.head_dim": head_dim}
