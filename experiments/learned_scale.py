@@ -27,9 +27,9 @@ Variants:
 - `cpu` (2 cores): the base CPU model at fixed width d_model 128, d_k 16 (8 heads) and 128
   (1 head), the dk sweep's fixed-width cells; `learned` (from 1/√d_k) and `learned:1.0` (from
   1) against fixed `inv_sqrt_dk`; LR grid {1e-3, 3e-3, 1e-2} × 3 seeds, and 3e-2 for the
-  learned scales at d_k 16: 60 runs of 600 steps; the first 54 took 43 minutes on 2 cores. The per-head scale and the start at 1/d_k are left to the
-  accelerator: one layer-wide scale from two starts answers "attractor or starting point" and
-  fits in the hour.
+  learned scales at d_k 16: 60 runs of 600 steps, 49 minutes on 2 cores. The per-head scale
+  and the start at 1/d_k are left to the accelerator: one layer-wide scale from two starts
+  answers "attractor or starting point" and fits in the hour.
   One run of the cell farthest from 1/√d_k at the slowest LR (`learned:1.0`, d_k 128, LR 1e-3,
   seed 0; 9.5 min on 2 cores shared with other work) took the scale from 1 to 0.092 in layer 0
   and 0.161 in layer 1 by step 600 (1/√128 = 0.088), ending at 3.43 bits per byte (bigram

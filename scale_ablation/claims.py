@@ -235,8 +235,8 @@ class Band:
     """Where a run-row value ends relative to a reference value: supported when, for every
     listed policy and d_k, the 95% CI over seeds of the geometric mean of value / reference
     lies inside [1/factor, factor]; contradicted when one lies wholly outside; otherwise (a CI
-    across the band's edge, a single seed) inconclusive. The reference is `target`'s scale at each
-    d_k (a policy name: "inv_sqrt_dk" gives 1/√d_k). With an LR grid each setting is taken at
+    across the band's edge, a single seed) inconclusive. The reference is `target`'s scale at
+    each d_k (a policy name: "inv_sqrt_dk" gives 1/√d_k). With an LR grid each setting is taken at
     its own best learning rate (the sweep's primary metric); a best LR on the grid's edge leaves
     its setting not established, since a wider grid can move the value either way (the edge
     rule for metrics the LRs were not chosen on, `comparisons._standing`)."""
