@@ -11,6 +11,7 @@ token budget reads a fraction of one pass). The CPU variants read the Shakespear
 """
 
 import os
+from collections.abc import Hashable, Mapping
 
 import ml_collections
 
@@ -24,6 +25,14 @@ def check_variant(experiment_file: str, arg: str | None,
     if arg not in (None, *variants):
         name = os.path.basename(experiment_file)
         raise ValueError(f"experiments/{name}: unknown variant {arg!r} ({', '.join(variants)})")
+
+
+def lr_grid_for(setting: Hashable, base_lrs: tuple[float, ...],
+                widened: Mapping[Hashable, tuple[float, ...]]) -> tuple[float, ...]:
+    """A setting's LR grid: the study's base grid plus the points `widened` adds for it, in
+    ascending order. A study widens a setting's grid where its best LR sat on an edge, so that
+    the best is interior; keeping the additions apart says which they were and why."""
+    return tuple(sorted({*base_lrs, *widened.get(setting, ())}))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -19,7 +19,7 @@ carry `model.num_heads`, so the report's variants (`none (num_heads=8)`) name th
 Variants:
 - `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed
   width) and 1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and
-  1/d_k, against 1/√d_k; each policy's LR grid (`CPU_LRS`, 4 points) × 3 seeds: 108 runs of
+  1/d_k, against 1/√d_k; each policy's LR grid (`CPU_LRS` and `WIDER`, 4 points) × 3 seeds: 108 runs of
   600 steps. The first pass's grid was 1e-3…1e-2 for every policy; bests on its edges gave scale
   1 the point 3e-4 and 1/d_k 3e-2 (99 runs: about 3 h on 2 cores, the 1 × 512 cell ~70 min of
   it; `experiments/results/dk_sweep_cpu`), and that report's best for 1/√d_k at d_k 512 sits on
@@ -55,8 +55,8 @@ INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and G
 # Each policy's own LR grid, wide enough that its best is interior: the first cpu run used
 # {1e-3, 3e-3, 1e-2} for all and found scale 1's best on the low edge (d_k 128) and 1/d_k's on
 # the high edge (d_k 16), so each got one more point on that side.
-CPU_LRS = {"inv_sqrt_dk": (3e-4, 1e-3, 3e-3, 1e-2), "none": (3e-4, 1e-3, 3e-3, 1e-2),
-           "inv_dk": (1e-3, 3e-3, 1e-2, 3e-2)}
+CPU_LRS = (1e-3, 3e-3, 1e-2)
+WIDER = {"inv_sqrt_dk": (3e-4,), "none": (3e-4,), "inv_dk": (3e-2,)}
 
 
 def get_config(arg: str | None = None):
@@ -97,7 +97,7 @@ def sweep(arg: str | None = None) -> list[dict]:
             {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
              "train.lr": lr, "train.seed": seed}
             for policy in CPU_POLICIES for heads, head_dim in cells(arg)
-            for lr in CPU_LRS[policy] for seed in (0, 1, 2)
+            for lr in base.lr_grid_for(policy, CPU_LRS, WIDER) for seed in (0, 1, 2)
         ]
     seeds = (0,) if arg == "quick" else (0, 1, 2)
     return [

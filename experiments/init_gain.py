@@ -23,9 +23,6 @@ from scale_ablation import claims as claims_lib
 
 CPU_GAIN, CPU_HEAD_DIM = 4.0, 32
 CPU_LRS = (1e-3, 3e-3, 1e-2)
-# At gain 4 every setting but scale 1 had its best LR on 1e-2, the grid's top, in the first
-# pass: larger q/k weights move relatively less per Adam step, so their best LR sits higher.
-WIDER_AT_GAIN = (3e-2, 1e-1)
 
 
 def get_config(arg: str | None = None):
@@ -40,8 +37,9 @@ def compensations(gain: float, head_dim: int) -> tuple[str, ...]:
     return ("inv_sqrt_dk", f"gain_aware:{gain:g}", f"const:{1 / (gain * head_dim**0.5):.6g}")
 
 
-def wider_lrs(gain: float, policy: str) -> tuple[float, ...]:
-    return WIDER_AT_GAIN if gain != 1.0 and policy != "none" else ()
+# At gain 4 every setting but scale 1 had its best LR on 1e-2, the grid's top, in the first
+# pass: larger q/k weights move relatively less per Adam step, so their best LR sits higher.
+WIDER = {(CPU_GAIN, policy): (3e-2, 1e-1) for policy in compensations(CPU_GAIN, CPU_HEAD_DIM)}
 
 
 def sweep(arg: str | None = None) -> list[dict]:
@@ -50,7 +48,8 @@ def sweep(arg: str | None = None) -> list[dict]:
             (CPU_GAIN, p) for p in ("none", *compensations(CPU_GAIN, CPU_HEAD_DIM))]
         return [{"model.init_gain": gain, "policy": policy, "model.head_dim": CPU_HEAD_DIM,
                  "train.lr": lr, "train.seed": seed}
-                for gain, policy in settings for lr in CPU_LRS + wider_lrs(gain, policy)
+                for gain, policy in settings
+                for lr in base.lr_grid_for((gain, policy), CPU_LRS, WIDER)
                 for seed in (0, 1, 2)]
     head_dims = (64,) if arg == "quick" else (64, 256)
     return [

@@ -71,7 +71,8 @@ def sweep(arg: str | None = None) -> list[dict]:
         return [{"policy": policy, "model.head_dim": head_dim,
                  "model.num_heads": d_model // head_dim, "train.lr": lr, "train.seed": seed}
                 for policy in CPU_POLICIES for head_dim in CPU_HEAD_DIMS
-                for lr in CPU_LRS + WIDER.get((policy, head_dim), ()) for seed in (0, 1, 2)]
+                for lr in base.lr_grid_for((policy, head_dim), CPU_LRS, WIDER)
+                for seed in (0, 1, 2)]
     head_dims = (16, 64, 256) if arg == "quick" else HEAD_DIMS
     points = []
     for head_dim in head_dims:

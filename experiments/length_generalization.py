@@ -33,8 +33,8 @@ from scale_ablation import claims as claims_lib
 
 POLICIES = ("inv_sqrt_dk", "log_length", "log_length:0.5", "qk_layernorm")
 CPU_POLICIES = POLICIES[:3]
-CPU_LRS = {"inv_sqrt_dk": (1e-3, 3e-3, 1e-2), "log_length": (1e-3, 3e-3, 1e-2, 3e-2),
-           "log_length:0.5": (1e-3, 3e-3, 1e-2, 3e-2)}
+CPU_LRS = (1e-3, 3e-3, 1e-2)
+WIDER = {"log_length": (3e-2,), "log_length:0.5": (3e-2,)}
 
 
 def get_config(arg: str | None = None):
@@ -55,7 +55,8 @@ def lengths(n: int) -> tuple[int, int]:
 def sweep(arg: str | None = None) -> list[dict]:
     if arg == "cpu":
         return [{"policy": policy, "model.head_dim": 32, "train.lr": lr, "train.seed": seed}
-                for policy in CPU_POLICIES for lr in CPU_LRS[policy] for seed in (0, 1, 2)]
+                for policy in CPU_POLICIES for lr in base.lr_grid_for(policy, CPU_LRS, WIDER)
+                for seed in (0, 1, 2)]
     head_dims = (32,) if arg == "quick" else (64, 256)
     seeds = (0,) if arg == "quick" else (0, 1)
     return [

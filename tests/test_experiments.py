@@ -195,3 +195,13 @@ def test_claims_name_policies_the_grid_runs(path):
         for claim in declared:
             named = set(claim.rule.policies) | ({getattr(claim.rule, "reference", None)} - {None})
             assert named <= grid_policies, (claim.text, named - grid_policies)
+
+
+def test_a_widened_grid_is_the_base_grid_plus_its_additions_in_order():
+    from experiments import base
+
+    widened = {"edge": (3e-4, 3e-2), ("tuple", 16): (1e-1,)}
+    assert base.lr_grid_for("edge", (1e-3, 1e-2), widened) == (3e-4, 1e-3, 1e-2, 3e-2)
+    assert base.lr_grid_for(("tuple", 16), (1e-2, 1e-3), widened) == (1e-3, 1e-2, 1e-1)
+    assert base.lr_grid_for("other", (1e-2, 1e-3), widened) == (1e-3, 1e-2)
+    assert base.lr_grid_for("edge", (3e-4, 1e-3), widened) == (3e-4, 1e-3, 3e-2)  # once each
