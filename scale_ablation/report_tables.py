@@ -229,6 +229,10 @@ def write_markdown(rows: list[dict], path: str, reference: str = cmp.DEFAULT_REF
     if learned:  # the value a learned-scale claim is judged on, at every LR (claims take the best)
         lines += ["", *grid_table(learned, "final_learned_scale",
                                   "Final learned scale (mean over layers)", digits=4)]
+    if any(r.get("max_attention_logit") is not None for r in rows):  # the logit growth claims
+        lines += ["", *grid_table(rows, "max_attention_logit",
+                                  "Largest |attention logit| during training (max over layers)",
+                                  digits=1)]
     if best:
         lines += ["", *best_lr_table(rows, best, key)]
         at_best = cmp.paired_best_lr(best, reference, key, higher)

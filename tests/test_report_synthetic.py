@@ -205,6 +205,23 @@ def test_every_grid_cell_is_mean_ci_n_with_its_marks(sweep):
                 assert cell == scipy_cell(completed(policy, lr))
 
 
+def test_max_logit_table_is_the_seed_mean_of_each_runs_largest_logit(sweep):
+    """Largest over both layers and every logged step, then mean ± CI over completed seeds."""
+    title = "# Largest |attention logit| during training (max over layers)"
+    rows = {r[0]: r[1] for r in section(summary_md(sweep), title)}
+    assert len(rows) == len(POLICIES) * len(LRS)
+    for policy in POLICIES:
+        for lr in LRS:
+            largest = [max(max_logit(policy, lr, s, step) for step in range(0, STEPS + 1, 50))
+                       for s in SEEDS if (policy, lr, s) not in (DIVERGED, FAILED)]
+            mean, _, half_width, n = rows[f"{policy} (lr={lr})"].split()[:4]
+            expected = scipy_cell(largest, digits=6).split()
+            # One decimal printed: compare numbers, not strings (3.15 may round either way).
+            np.testing.assert_allclose([float(mean), float(half_width)],
+                                       [float(expected[0]), float(expected[2])], atol=0.05 + 1e-9)
+            assert n == expected[3], (policy, lr)
+
+
 def test_baselines_head_the_table(sweep):
     text = summary_md(sweep)
     counts = baselines.baselines(config_for("none", 1e-3, 0))
