@@ -43,7 +43,11 @@ class Block(nnx.Module):
             model.init, residual_layers=model.num_layers))
 
     def mlp(self, x: jax.Array) -> jax.Array:
-        return self.mlp_out(jax.nn.gelu(self.mlp_in(x)))
+        hidden = self.mlp_in(x)
+        # GELU in float32: in float16 the tanh form's derivative takes 3z², which overflows
+        # for |z| >= 148 and makes the gradient NaN (inf · sech² = inf · 0) while the loss stays
+        # finite. A no-op for float32 compute.
+        return self.mlp_out(jax.nn.gelu(hidden.astype(jnp.float32)).astype(hidden.dtype))
 
     def __call__(self, x, *, dropout_key=None, with_diagnostics=False):
         if self.post_norm:

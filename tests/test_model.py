@@ -148,6 +148,27 @@ def test_bfloat16_compute_keeps_float32_params_and_logits():
     assert 1e-4 * scale < error.max() < 0.05 * scale
 
 
+def test_float16_mlp_gradient_stays_finite_past_gelus_overflow_point():
+    """The tanh-GELU's derivative takes 3z², past float16's 65504 for |z| >= 148: computed in
+    float16 its gradient is NaN there. The float16 block's MLP gradient must be finite and agree
+    with the float32 block's, from the same weights, to float16's precision."""
+    blocks = [model_of(tiny_config(**({"train.dtype": "float16"} if half else {})), seed=4)
+              .blocks[0] for half in (True, False)]
+    for block in blocks:  # pre-activations of a few hundred, as a float16 run at a large LR has
+        block.mlp_in.kernel.value = block.mlp_in.kernel.value * 400
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(2, 8, 32)), jnp.float32)
+    pre = np.abs(np.asarray(blocks[0].mlp_in(x.astype(jnp.float16)), np.float32))
+    assert pre.max() > 148  # the premise: some inputs are past the overflow point
+
+    def input_grad(block, dtype):
+        loss = lambda x: 1e-3 * block.mlp(x).astype(jnp.float32).sum()  # noqa: E731
+        return np.asarray(jax.grad(loss)(x.astype(dtype)), np.float32)
+
+    half, full = input_grad(blocks[0], jnp.float16), input_grad(blocks[1], jnp.float32)
+    assert np.isfinite(half).all()
+    np.testing.assert_allclose(half, full, rtol=0.02, atol=0.02 * np.abs(full).max())
+
+
 @pytest.mark.parametrize("init", ["fan_in", "xavier"])
 def test_init_gain_scales_query_and_key_outputs(init):
     # num_heads·head_dim = 32 != d_model = 128: the two inits' variances differ by 1.6x.
