@@ -27,6 +27,9 @@ LR. 0.261 is left out: single cpu runs of `none` in float16 diverged there after
 either logits dtype, as they did at 6.81e-2 (88 steps with float16 logits, 99 with float32 ones)
 and at 1.78e-2 (307 and 329 steps, max |logit| 3.6·10^3 and 4.4·10^3 at step 300, far below
 65504: what overflows first in float16 without loss scaling is not the logits themselves).
+It was the MLP's tanh-GELU, whose derivative overflows float16 for |z| >= 148 (NaN gradients,
+finite loss): since `4471490` the GELU runs in float32. The first cpu report (72 runs at
+`52c945e`, experiments/results/precision_cpu) is from before that fix.
 
 Variants:
 - `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps); float16 and bfloat16 × two
