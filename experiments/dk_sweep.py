@@ -17,16 +17,16 @@ A point with num_heads × d_k = d_model belongs to both arms and runs once. Each
 carry `model.num_heads`, so the report's variants (`none (num_heads=8)`) name the arm's cell.
 
 Variants:
-- `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed
-  width) and 1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and
-  1/d_k, against 1/√d_k; each policy's LR grid (`CPU_LRS` and `WIDER`, 4 points) × 3 seeds:
-  108 runs of 600 steps. The first pass's grid was 1e-3…1e-2 for every policy; bests on its
-  edges gave scale 1 the point 3e-4 and 1/d_k 3e-2 (99 runs: about 3 h on 2 cores, the 1 × 512
-  cell ~70 min of it; `experiments/results/dk_sweep_cpu`), and that report's best for 1/√d_k at d_k 512 sits on
-  1e-3, so 1/√d_k gets 3e-4 too: rerunning the sweep command runs only the new points. The
-  other policies (1/log d_k, a constant, learned,
-  QK-LayerNorm, log-length) and the init axis are left to `gpu`: on 2 cores three seeds at 3–4
-  LRs of three policies is what fits, and eight policies at one seed would sit at noise level.
+- `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed width) and
+  1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and 1/d_k, against
+  1/√d_k; each policy's LR grid (`CPU_LRS` and `WIDER`, 4 points) × 3 seeds: 108 runs of 600 steps.
+  The first pass's grid was 1e-3…1e-2 for every policy; bests on its edges gave scale 1 the point
+  3e-4 and 1/d_k 3e-2 (99 runs: about 3 h on 2 cores, the 1 × 512 cell ~70 min of it;
+  `experiments/results/dk_sweep_cpu`), and that report's best for 1/√d_k at d_k 512 sits on 1e-3, so
+  1/√d_k gets 3e-4 too: rerunning the sweep command runs only the new points. The other policies
+  (1/log d_k, a constant, learned, QK-LayerNorm, log-length) and the init axis are left to `gpu`: on
+  2 cores three seeds at 3–4 LRs of three policies is what fits, and eight policies at one seed
+  would sit at noise level.
 - default (one accelerator): d_model 512, fixed width at d_k 16…512 and fixed heads (4) at d_k
   16…1024, every policy, both inits, three seeds, 3000 steps. It reads `data.source` from the
   `gpu` base variant; its token budget should not repeat the corpus (the report warns if it does).
