@@ -38,6 +38,10 @@ class Tick:
     metrics: dict[str, float]  # this step's train metrics (train/loss, train/grad_norm, ...)
     step_seconds: float  # wall time of the whole (ensemble) step (a chunk's share of its time)
     state: Callable[[], TrainState]  # the member's state after the step, cut at most once
+    # The state at the end of the step's program: a non-finite step and the rest of its chunk
+    # leave the state as it was, so after a divergence this is the last good state, even when
+    # the step is inside a chunk (where `state` cannot be read).
+    end_state: Callable[[], TrainState] | None = None
     timed: bool = True  # False in a process's first program, whose time includes compilation
     row: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -154,6 +158,8 @@ class Member:
             self.trackers.log(tick.step, {**tick.metrics, "train/diverged": 1.0})
             print(f"{self.label}step {tick.step}: non-finite loss or gradient norm, "
                   "run diverged", flush=True)
+            if tick.end_state is not None:  # what `python -m scale_ablation.nonfinite` replays
+                self.checkpoints.save(tick.step - 1, tick.end_state())
             self.finish("diverged", tick.step - 1, diverged_at_step=tick.step)
             return
         self.last["train/loss"] = tick.metrics["train/loss"]
@@ -329,18 +335,18 @@ def _after_steps(members: list[Member], active: list[int], axis: MemberAxis, don
         step = done.step - done.count + 1 + offset
         # (M,), or (K, M): this step's metrics
         step_metrics = metrics if done.count == 1 else metrics[..., offset, :]
-        state = (functools.partial(axis.member_state, done.state) if step == done.step
-                 else _interior_state)
         for index in list(active):
+            end_state = functools.cache(functools.partial(axis.member_state, done.state, index))
             members[index].after_step(Tick(
                 step=step, last=step == steps, step_seconds=seconds / done.count,
                 metrics=axis.member_metrics(step_metrics, index), timed=timed,
-                state=functools.cache(functools.partial(state, index))))
+                state=end_state if step == done.step else _interior_state,
+                end_state=end_state))
             if members[index].summary is not None:
                 active.remove(index)
 
 
-def _interior_state(index: int) -> TrainState:
+def _interior_state() -> TrainState:
     raise RuntimeError("a hook read the state of a step inside a chunk of steps: mark it "
                        "reads_state=True (the default) so that chunks end at its steps")
 

@@ -156,6 +156,14 @@ def test_a_diverging_member_diverges_as_alone_and_leaves_the_others_alone(traine
     rows, solo_rows = rows_of(root / "ensemble" / "diverging"), rows_of(root / "solo" / "diverging")
     assert [r["step"] for r in rows] == [r["step"] for r in solo_rows]
     assert rows[-1]["step"] == summary["diverged_at_step"] and rows[-1]["train/diverged"] == 1.0
+    # Both kept the last good state, the step before the divergence, as a checkpoint.
+    before = expected["diverged_at_step"] - 1
+    config = trained["configs"]["diverging"]
+    got = final_state(root / "ensemble" / "diverging", config, before)
+    want = final_state(root / "solo" / "diverging", config, before)
+    assert int(got["step"]) == int(want["step"]) == before
+    for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3)
     # The other members shared its program to the end and still match their solo runs
     # (test_members_train_as_they_would_alone); here: they ran all 16 steps after it froze.
     for name in ("none", "inv_sqrt_dk", "const"):
@@ -300,3 +308,20 @@ def test_vmapped_and_mapped_members_agree():
                                  jax.tree.leaves(solo_state["params"]), strict=True):
                 np.testing.assert_allclose(got[index], want, rtol=RTOL, atol=1e-6,
                                            err_msg=backend)
+
+
+def test_a_divergence_inside_a_chunk_keeps_the_last_good_state(trained, tmp_path):
+    """With 8 steps per program the diverging step is inside a chunk, where the loop cannot
+    read the state; the chunk's end state is frozen at the last good step, and is what the run
+    checkpoints: the state the one-step-per-program run kept."""
+    solo = trained["solo"]["diverging"]
+    chunked = config_of(MEMBERS["diverging"], {
+        "train.steps_per_call": 8, "train.eval_every": 8, "train.diag_every": 8})
+    summary = train.train(chunked, tmp_path / "chunked")
+    before = solo["diverged_at_step"] - 1
+    assert summary["diverged_at_step"] == solo["diverged_at_step"] and before % 8
+    got = final_state(tmp_path / "chunked", chunked, before)
+    want = final_state(trained["root"] / "solo" / "diverging", chunked, before)
+    assert int(got["step"]) == before
+    for a, b in zip(jax.tree.leaves(got["params"]), jax.tree.leaves(want["params"]), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3)

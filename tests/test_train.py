@@ -387,3 +387,14 @@ def test_forced_divergence_is_a_result(tmp_path):
     assert "train/loss" not in rows[0] and "val/loss" in rows[0]
     assert all(math.isfinite(row["train/loss"]) for row in rows[1:-1])
     assert summary["final_train_loss"] == rows[-2]["train/loss"]  # the last finite one
+
+    # The last good state is kept as a checkpoint (what `scale_ablation.nonfinite` replays):
+    # the state of step at - 1, whose parameter norm that step logged.
+    _, like = runs.init_state(quick_config(DIVERGE))
+    checkpoints = Checkpoints(workdir)
+    kept = checkpoints.restore(at - 1, like)
+    checkpoints.close()
+    assert int(kept["step"]) == at - 1
+    norm = math.sqrt(sum(float(np.sum(np.square(np.asarray(leaf, np.float64))))
+                         for leaf in jax.tree.leaves(kept["params"])))
+    assert norm == pytest.approx(rows[-2]["train/param_norm"], rel=1e-5)
