@@ -44,18 +44,27 @@ def cross_entropy(logits, targets, weights, z_loss: float):
     return loss, loss + z_loss * ((log_z**2) * weights).sum() / total_weight
 
 
+def make_loss(graphdef, z_loss: float) -> Callable:
+    """(params, state, batch, dropout_key) -> (loss with z-loss, loss): what a train step
+    differentiates with respect to `params` (`scale_ablation.nonfinite` replays it)."""
+
+    def loss_fn(params, state: TrainState, batch: dict, dropout_key):
+        model = nnx.merge(graphdef, params, state["rest"])
+        logits, _ = model(batch["inputs"], dropout_key=dropout_key)
+        return cross_entropy(logits, batch["targets"], batch["weights"], z_loss)[::-1]
+
+    return loss_fn
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
     """(state, batch, dropout_key) -> (state, metrics), pure. A non-finite loss or gradient
     leaves the state untouched, so a diverged run (or ensemble member) keeps its last good
     parameters and its neighbours in a vmapped ensemble are unaffected."""
+    loss_fn = make_loss(graphdef, z_loss)
 
     def train_step(state: TrainState, batch: dict, dropout_key):
-        def loss_fn(params):
-            model = nnx.merge(graphdef, params, state["rest"])
-            logits, _ = model(batch["inputs"], dropout_key=dropout_key)
-            return cross_entropy(logits, batch["targets"], batch["weights"], z_loss)[::-1]
-
-        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["params"], state, batch, dropout_key)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         updates = jax.tree.map(lambda u: u * state["lr"], updates)
         params = optax.apply_updates(state["params"], updates)
