@@ -102,8 +102,12 @@ def run_wandb_settings(run: PreparedRun) -> WandbSettings:
 class Member:
     """One run in the loop: trackers, evaluator, clock, hooks, and its summary once finished."""
 
-    def __init__(self, run: PreparedRun, label: str, hooks: Sequence[Periodic]):
+    def __init__(self, run: PreparedRun, label: str, hooks: Sequence[Periodic],
+                 environment: dict):
         self.run, self.config, self.label, self.hooks = run, run.config, label, list(hooks)
+        # Read before training starts: a checkout that changes while the run trains (a resumed
+        # study, say) must not relabel the code that ran.
+        self.environment = environment
         self.checkpoints = run.checkpoints
         self.evaluator = Evaluator(run)
         self.schedule = lr_multiplier_program(run.optimizer)
@@ -192,7 +196,7 @@ class Member:
             "tokens_per_second": self.clock.tokens_per_second,
             **self.summary_fields,
             **provenance.consumption(self.config, self.parameter_counts, step, self.train_tokens),
-            "environment": _environment(),
+            "environment": self.environment,
             **extra,
         }
         self._close(summary)
@@ -212,10 +216,6 @@ class Member:
 
 
 @functools.cache
-def _environment() -> dict:
-    return provenance.environment()  # the same for every run of a process
-
-
 class PreemptionFlag:
     """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import jax
 import ml_collections
 
-from scale_ablation import ensemble, hooks, jsonfiles, locking, runs
+from scale_ablation import ensemble, hooks, jsonfiles, locking, provenance, runs
 from scale_ablation.loop import Member, run_members
 
 
@@ -70,10 +70,12 @@ def _train_prepared(prepared: list[runs.PreparedRun], labels: Sequence[str] | No
         labels = [""] if len(prepared) == 1 else [
             os.path.basename(run.workdir.rstrip(os.sep)) for run in prepared]
     members = []
+    environment = provenance.environment()  # packages, commit, devices: as training starts
     try:
         for run, label in zip(prepared, labels, strict=True):
             member_hooks = hooks.default_hooks(run.config, extra=extra_hooks, progress=progress)
-            members.append(Member(run, f"[{label}] " if label else "", member_hooks))
+            members.append(Member(run, f"[{label}] " if label else "", member_hooks,
+                                  environment))
     except Exception as error:  # as in the loop: members with trackers are recorded failed
         for member in members:
             member.fail(error)

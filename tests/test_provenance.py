@@ -7,7 +7,7 @@ import flax
 import jax
 import pytest
 
-from scale_ablation import data, experiment, train
+from scale_ablation import data, experiment, hooks, provenance, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
@@ -70,3 +70,18 @@ def test_repeated_data_is_a_warning(tmp_path, capsys):
     assert summary["passes_over_data"] > 1
     out = capsys.readouterr().out
     assert "warning:" in out and f"{summary['passes_over_data']:.1f} passes" in out
+
+
+def test_the_commit_is_read_as_training_starts(tmp_path, monkeypatch):
+    """A checkout that moves while a run trains (a study resumed on a newer commit) does not
+    relabel the code that ran: the run records the commit its process started training from."""
+    checkout = {"git_commit": "a" * 40, "git_dirty": False}
+    monkeypatch.setattr(provenance, "_git_state", lambda: dict(checkout))
+
+    def move_checkout(member, tick):
+        checkout["git_commit"] = "b" * 40
+
+    summary = train.train(tiny_config(**{"train.steps": 4}), tmp_path / "run",
+                          extra_hooks=[hooks.Periodic(1, move_checkout)])
+    assert checkout["git_commit"] == "b" * 40  # the hook ran
+    assert summary["environment"]["git_commit"] == "a" * 40
