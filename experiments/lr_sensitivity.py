@@ -1,6 +1,7 @@
 r"""LR sensitivity and attention-logit growth (Wortsman et al. 2023, "Small-scale proxies").
 
-  python -m scale_ablation.sweep --config=experiments/lr_sensitivity.py:quick --workdir=runs/lr_quick
+  python -m scale_ablation.sweep --config=experiments/lr_sensitivity.py:cpu \
+      --workdir=runs/lr_sensitivity_cpu
 
 A log-spaced learning-rate grid × seeds × policies × d_k: each policy is compared at its own best
 learning rate, and final loss against LR is the curve Wortsman et al. plot. The report gives, per
@@ -10,8 +11,8 @@ max |attention logit| per layer over training and against LR, the growth that QK
 meant to prevent.
 
 Variants: `cpu` (the study for 2 cores: the base CPU model, 4 heads × d_k 32 = d_model 128,
-600 steps; 4 policies × 7 LRs × 3 seeds = 84 runs, about an hour and a quarter), default (one
-accelerator, d_k 64 and 256) and `quick` (smoke-level, a few minutes on 2 cores).
+600 steps; 4 policies × 7 LRs × 3 seeds = 84 runs, about 1.5 hours: README, Results), default
+(one accelerator, d_k 64 and 256) and `quick` (smoke-level, a few minutes on 2 cores).
 """
 
 import numpy as np
