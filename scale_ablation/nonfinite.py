@@ -1,6 +1,7 @@
 """Where a diverged run's first non-finite number appeared.
 
-  python -m scale_ablation.nonfinite RUN_DIR
+  python -m scale_ablation.nonfinite RUN_DIR     # one diverged run
+  python -m scale_ablation.nonfinite SWEEP_DIR   # each diverged run of a sweep, by name
 
 A diverged run keeps its last good state as a checkpoint (step d - 1, d its
 `diverged_at_step`). This replays step d from it, on the same batch and dropout key: first as
@@ -212,20 +213,36 @@ def diagnose(workdir: str) -> list[str]:
     return lines
 
 
+def diverged_runs(sweep_dir: str) -> list[str]:
+    """The run directories in `sweep_dir` whose summary.json says diverged, by name."""
+    names = sorted(os.listdir(sweep_dir)) if os.path.isdir(sweep_dir) else []
+    paths = [os.path.join(sweep_dir, name) for name in names]
+    return [path for path in paths if os.path.isdir(path)
+            and (RunFiles(path).read_summary() or {}).get("status") == "diverged"]
+
+
 def main(argv: list[str]) -> int:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     if len(argv) != 2:
-        print("usage: python -m scale_ablation.nonfinite [--imports=MODULE_OR_FILE,...] RUN_DIR",
-              file=sys.stderr)
+        print("usage: python -m scale_ablation.nonfinite [--imports=MODULE_OR_FILE,...] "
+              "RUN_DIR|SWEEP_DIR", file=sys.stderr)
+        return 2
+    path = argv[1]
+    is_run = os.path.exists(os.path.join(path, "summary.json"))
+    workdirs = [path] if is_run else diverged_runs(path)
+    if not workdirs:
+        print(f"error: {path} holds no run and no diverged run of a sweep", file=sys.stderr)
         return 2
     try:
         plugins.load(_IMPORTS.value)
-        lines = diagnose(argv[1])
+        for workdir in workdirs:
+            lines = diagnose(workdir)
+            print("\n".join(lines if is_run else [f"== {os.path.basename(workdir)}", *lines]),
+                  flush=True)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
     return 0
 
 

@@ -122,7 +122,20 @@ def test_what_cannot_be_replayed_is_one_line_and_exit_2(diverged, tmp_path, dama
         expected = "no checkpoint of step"
     else:
         (workdir / "summary.json").unlink()
-        expected = "holds no run"
+        expected = "holds no run and no diverged run of a sweep"
     result = run_nonfinite(workdir)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and expected in result.stderr, result.stderr
+
+
+def test_a_sweep_directory_replays_each_diverged_run(diverged, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(diverged, sweep / "b_diverged")
+    shutil.copytree(diverged, sweep / "a_completed")
+    summary = read_json(sweep / "a_completed" / "summary.json")
+    (sweep / "a_completed" / "summary.json").write_text(
+        json.dumps({**summary, "status": "completed"}))
+    result = run_nonfinite(sweep)
+    assert result.returncode == 0, result.stderr
+    headers = [line for line in result.stdout.splitlines() if line.startswith("== ")]
+    assert headers == ["== b_diverged"]
