@@ -215,7 +215,6 @@ class Member:
         self.checkpoints.close()
 
 
-@functools.cache
 class PreemptionFlag:
     """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
 
