@@ -7,9 +7,10 @@ A diverged run keeps its last good state as a checkpoint (step d - 1, d its
 `diverged_at_step`). This replays step d from it, on the same batch and dropout key: first as
 the train step computes it (one compiled program: is the loss finite, which gradients are
 not), then as the traced program of the loss and its gradient, evaluated one equation at a
-time, to find the first equation whose output is not finite: its operation and the line of code
-it comes from (an equation of the gradient carries the line it differentiates), first in the
-loss alone (the forward pass), then, if that is finite, in the loss and its gradient.
+time, to find the first equation whose output holds an inf and the first with a NaN (an inf can
+be harmless, a NaN is not): each with its operation and the line of code it comes from (an
+equation of the gradient carries the line it differentiates), first in the loss alone (the
+forward pass), then, if that is finite, in the loss and its gradient.
 
 The equation-at-a-time replay rounds every intermediate to its dtype, where a compiled
 program may keep some in float32 inside a fused kernel; so it can meet an overflow that the
@@ -46,7 +47,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """The first equation with a non-finite output."""
+    """An equation whose output holds an inf (or a NaN)."""
 
     primitive: str
     where: str  # file:line (function) of the code the equation comes from
@@ -57,16 +58,35 @@ class Finding:
         return f"{self.primitive} at {self.where} (largest finite |input|: {inputs})"
 
 
-def first_nonfinite(fn: Callable, *args: Any) -> Finding | None:
-    """The first equation of `fn`'s traced program, in program order, whose output holds an
-    inf or NaN when it runs on `args`; None when every output is finite."""
+@dataclasses.dataclass
+class Origins:
+    """The first equation, in program order, with an inf in its output, and the first with a
+    NaN. An inf can be harmless (exp(-inf) is 0: a masked logit minus the row's maximum
+    overflows to -inf in float16 and weighs nothing), so the walk goes on past it to the
+    first NaN, which always is not."""
+
+    inf: Finding | None = None
+    nan: Finding | None = None
+
+
+def nonfinite_origins(fn: Callable, *args: Any) -> Origins:
+    """Where `fn`'s traced program, run on `args`, first makes an inf and first a NaN."""
     closed = jax.make_jaxpr(fn)(*args)
-    found = _walk(closed.jaxpr, closed.consts, jax.tree.leaves(args))
-    return found if isinstance(found, Finding) else None
+    origins = Origins()
+    _walk(closed.jaxpr, closed.consts, jax.tree.leaves(args), origins)
+    return origins
 
 
-def _walk(jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]):
-    """Evaluate `jaxpr` equation by equation: its outputs, or the first Finding."""
+def first_nonfinite(fn: Callable, *args: Any) -> Finding | None:
+    """The first equation of `fn`'s traced program whose output holds an inf or NaN when it
+    runs on `args`; None when every output is finite."""
+    return (origins := nonfinite_origins(fn, *args)).inf or origins.nan
+
+
+def _walk(jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
+          origins: Origins) -> list[Any] | None:
+    """Evaluate `jaxpr` equation by equation, noting the first inf and the first NaN in
+    `origins`: its outputs, or None once a NaN is found."""
     env: dict[Any, Any] = {}
 
     def read(var):
@@ -78,31 +98,42 @@ def _walk(jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any]):
         env[var] = value
     for eqn in jaxpr.eqns:
         inputs = [read(v) for v in eqn.invars]
-        outputs = _run(eqn, inputs)
-        if isinstance(outputs, Finding):
-            return outputs
-        if not all(_finite(x) for x in outputs):
-            return Finding(eqn.primitive.name, _where(eqn),
-                           tuple(_max_abs(x) for x in inputs if _floating(x)))
+        outputs = _run(eqn, inputs, origins)
+        if outputs is None:
+            return None
+        if origins.inf is None and any(_has(jnp.isinf, x) for x in outputs):
+            origins.inf = _finding(eqn, inputs)
+        if any(_has(jnp.isnan, x) for x in outputs):
+            origins.nan = _finding(eqn, inputs)
+            return None
         for var, value in zip(eqn.outvars, outputs, strict=True):
             env[var] = value
     return [read(v) for v in jaxpr.outvars]
 
 
-def _run(eqn, inputs: list[Any]):
-    """One equation's outputs (a list), walking into calls."""
+def _finding(eqn, inputs: list[Any]) -> Finding:
+    return Finding(eqn.primitive.name, _where(eqn),
+                   tuple(_max_abs(x) for x in inputs if _floating(x)))
+
+
+def _run(eqn, inputs: list[Any], origins: Origins) -> list[Any] | None:
+    """One equation's outputs (a list), walking into calls; None once a NaN is found."""
     if eqn.primitive.name in CALLS:
         inner = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr")
                       if k in eqn.params), None)
         if inner is not None:
             consts = getattr(inner, "consts", ())
-            return _walk(getattr(inner, "jaxpr", inner), consts, inputs)
+            return _walk(getattr(inner, "jaxpr", inner), consts, inputs, origins)
     outputs = eqn.primitive.bind(*inputs, **eqn.primitive.get_bind_params(eqn.params))
     return list(outputs) if eqn.primitive.multiple_results else [outputs]
 
 
 def _floating(x: Any) -> bool:
     return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
+def _has(test: Callable, x: Any) -> bool:
+    return _floating(x) and bool(jnp.any(test(x)))
 
 
 def _finite(x: Any) -> bool:
@@ -203,14 +234,20 @@ def diagnose(workdir: str) -> list[str]:
     if np.isfinite(float(loss)) and not bad:
         lines.append("the compiled replay is finite: the divergence does not reproduce "
                      "(a different device or XLA version may round differently)")
-    if finding := first_nonfinite(replay.loss, replay.params):
-        lines.append(f"first non-finite output, in the forward pass: {finding.describe()}")
-    elif finding := first_nonfinite(replay.loss_and_grad, replay.params):
-        lines.append("first non-finite output, computing the gradient (the forward pass is "
-                     f"finite): {finding.describe()}")
+    forward = nonfinite_origins(replay.loss, replay.params)
+    if forward.inf or forward.nan:
+        lines += _origin_lines("in the forward pass", forward)
     else:
-        lines.append("equation by equation, every output is finite")
+        lines += _origin_lines("computing the gradient (the forward pass is finite)",
+                               nonfinite_origins(replay.loss_and_grad, replay.params))
     return lines
+
+
+def _origin_lines(where: str, origins: Origins) -> list[str]:
+    if not (origins.inf or origins.nan):
+        return ["equation by equation, every output is finite"]
+    return [f"first {kind}, {where}: {finding.describe()}"
+            for kind, finding in (("inf", origins.inf), ("NaN", origins.nan)) if finding]
 
 
 def diverged_runs(sweep_dir: str) -> list[str]:

@@ -40,6 +40,24 @@ def sqrt_at_zero(x):
     return jnp.sum(jnp.sqrt(x))  # sqrt's derivative
 
 
+def inf_then_nan(x):
+    y = jnp.exp(x)  # overflows to inf
+    weight = jnp.exp(-y)  # exp(-inf) = 0: the inf is absorbed
+    return jnp.sum(weight) + jnp.sum(y - y)  # inf - inf
+
+
+def test_the_first_inf_and_the_first_nan_are_told_apart():
+    origins = nonfinite.nonfinite_origins(inf_then_nan, jnp.asarray([1.0, 100.0]))
+    assert origins.inf.primitive == "exp"
+    assert f"test_nonfinite.py:{line_of('overflows to inf')} " in origins.inf.where
+    assert origins.nan.primitive == "sub"
+    assert f"test_nonfinite.py:{line_of('inf - inf')} " in origins.nan.where
+    # Without the last term the inf is absorbed: no NaN anywhere.
+    absorbed = nonfinite.nonfinite_origins(lambda x: jnp.sum(jnp.exp(-jnp.exp(x))),
+                                           jnp.asarray([1.0, 100.0]))
+    assert absorbed.inf is not None and absorbed.nan is None
+
+
 def test_a_forward_overflow_is_found_at_its_line():
     x = jnp.asarray([1.0, 60.0], jnp.float32)  # exp(120) > float32's 3.4e38
     finding = nonfinite.first_nonfinite(overflowing_exp, x)
@@ -103,10 +121,11 @@ def test_the_replay_meets_the_divergence_the_run_recorded(diverged):
     lines = result.stdout.splitlines()
     assert lines[0] == f"step {at}, replayed from the checkpoint of step {at - 1}"
     assert "does not reproduce" not in result.stdout
-    assert lines[-1].startswith("first non-finite output, ")
+    found = [line for line in lines if line.startswith(("first inf, ", "first NaN, "))]
+    assert found and found == lines[2:]
     # Replayed alone, the loss overflowed where it did: the forward pass, or the gradient.
     forward = nonfinite.first_nonfinite(replay.loss, replay.params)
-    assert ("in the forward pass" in lines[-1]) == (forward is not None)
+    assert all(("in the forward pass" in line) == (forward is not None) for line in found)
 
 
 @pytest.mark.parametrize("damage", ["completed", "no_checkpoint", "not_a_run"])
