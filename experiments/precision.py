@@ -18,18 +18,21 @@ differ in kernel as well as in logits dtype. Every variant here pins `attention_
 "reference"`, where `logits_dtype` alone decides the logits' dtype (float32 via
 `preferred_element_type`, or the activations' own), so the arms differ in that and nothing else.
 
-Learning rates where the logits grow. The LR-sensitivity sweep (experiments/lr_sensitivity.py,
-quick report, seed 0, `inv_sqrt_dk` and `none`, 100 steps) shows max |logit| 16 and 109 at LR
-4.6e-3, 88 and 534 at 0.018, 1.5·10^3 and 7.8·10^3 at 0.068, 2.3·10^4 and 4.6·10^4 at 0.26. The
-arms run at that grid's 4.64e-3 (near the best LR: the runs must learn), 1.78e-2 and 6.81e-2,
-and the claims compare them at each LR >= 0.015 (`PRECISION_MIN_LR`), paired by seed, policy and
-LR. 0.261 is left out: single cpu runs of `none` in float16 diverged there after ~40 steps with
-either logits dtype, as they did at 6.81e-2 (88 steps with float16 logits, 99 with float32 ones)
-and at 1.78e-2 (307 and 329 steps, max |logit| 3.6·10^3 and 4.4·10^3 at step 300, far below
-65504: what overflows first in float16 without loss scaling is not the logits themselves).
-It was the MLP's tanh-GELU, whose derivative overflows float16 for |z| >= 148 (NaN gradients,
-finite loss): since `4471490` the GELU runs in float32. The first cpu report (72 runs at
-`52c945e`, experiments/results/precision_cpu) is from before that fix.
+Learning rates where the logits grow. The LRs were chosen from the first LR-sensitivity report
+(`lr_sensitivity.py:quick`, seed 0, 100 steps: max |logit| of `inv_sqrt_dk` and `none` 16 and
+109 at LR 4.6e-3, 88 and 534 at 0.018, 1.5·10^3 and 7.8·10^3 at 0.068); its cpu study, which
+replaced it, has 38 and 566, 557 and 5.1·10^3, 1.7·10^4 and 1.3·10^5 at the same LRs. The arms
+run at 4.64e-3 (near the best LR: the runs must learn), 1.78e-2 and 6.81e-2, and the claims
+compare them at each LR >= 0.015 (`PRECISION_MIN_LR`), paired by seed, policy and LR. 0.261 is
+left out: single cpu runs of `none` in float16 diverged there after ~40 steps with either logits
+dtype.
+
+What overflows. The first cpu study (72 runs at `52c945e`) had every float16 run at LR >= 1.78e-2
+diverge, with float16 and float32 logits alike, and the logits below 65504: it was the MLP's
+tanh-GELU, whose derivative overflows float16 for |z| >= 148 (NaN gradients, finite loss). Since
+`4471490` the GELU runs in float32, and the published report is the rerun. What still overflows
+is named, run by run, by `python -m scale_ablation.nonfinite runs/precision_cpu` (the README's
+Results quote it).
 
 Variants:
 - `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps); float16 and bfloat16 × two
