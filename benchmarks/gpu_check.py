@@ -24,8 +24,10 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import run as bench
-from scale_ablation import attention, ensemble, experiment, hooks, policies, runs, train
-from scale_ablation.run_files import RunFiles
+from scale_ablation.model import attention, policies
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import ensemble, hooks, runs, train
+from scale_ablation.training import experiment_files as experiment
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
             "learned", "learned_per_head", "log_length", "qk_layernorm", "qk_rmsnorm")

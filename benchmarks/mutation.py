@@ -56,9 +56,9 @@ def mutation(name: str, area: str, why: str, file: str, original: str, replaceme
     return Mutation(name, area, why, ((file, original, replacement),), tests)
 
 
-ATT, POL, MODEL = "scale_ablation/attention.py", "scale_ablation/policies.py", "scale_ablation/model.py"
-STEPS, OPTIM, DATA = "scale_ablation/steps.py", "scale_ablation/optim.py", "scale_ablation/data.py"
-SHARD = "scale_ablation/sharding.py"
+ATT, POL, MODEL = "scale_ablation/model/attention.py", "scale_ablation/model/policies.py", "scale_ablation/model/lm.py"
+STEPS, OPTIM, DATA = "scale_ablation/training/steps.py", "scale_ablation/training/optim.py", "scale_ablation/data/sources.py"
+SHARD = "scale_ablation/training/sharding.py"
 FSDP_OFF = (SHARD, "        if fsdp > 1:\n", "        if False:\n")
 BATCH_REPLICATED = (SHARD, 'return NamedSharding(mesh, P(("data", "fsdp")))',
                     "return NamedSharding(mesh, P())")
@@ -123,7 +123,7 @@ MUTATIONS = [
              "tests/test_steps.py", "-k", "chunk"),
     mutation("sweep_line_cuts_chunks", "train step",
              "the sweep's progress hook claims to read the state: every chunk is one step",
-             "scale_ablation/console.py", "after_step_work=True, reads_state=False)",
+             "scale_ablation/training/progress.py", "after_step_work=True, reads_state=False)",
              "after_step_work=True)", "tests/test_pipeline.py", "-k", "only_hooks"),
     mutation("lr_not_applied", "train step", "the state's peak learning rate is ignored", STEPS,
              'lambda u: u * state["lr"]', "lambda u: u",
@@ -134,10 +134,10 @@ MUTATIONS = [
              "tests/test_steps.py", "-k", "cross_entropy"),
     # --------------------------------------------------------------- evaluation
     mutation("bpb_in_nats", "evaluation", "bits per byte reported in nats",
-             "scale_ablation/evaluation.py", 'f"val/bpb{suffix}": loss / math.log(2)',
+             "scale_ablation/training/evaluation.py", 'f"val/bpb{suffix}": loss / math.log(2)',
              'f"val/bpb{suffix}": loss', "tests/test_steps.py", "-k", "bpb"),
     mutation("train_bpb_in_nats", "evaluation", "the logged train/bpb is the loss in nats",
-             "scale_ablation/hooks.py", 'row["train/bpb"] = row["train/loss"] / math.log(2)',
+             "scale_ablation/training/hooks.py", 'row["train/bpb"] = row["train/loss"] / math.log(2)',
              'row["train/bpb"] = row["train/loss"]',
              "tests/test_report.py", "-k", "one_csv_row"),
     mutation("accuracy_unweighted", "evaluation", "eval accuracy counts unweighted positions",
@@ -181,19 +181,19 @@ MUTATIONS = [
     # --------------------------------------------------------------- report
     mutation("lr_sensitivity_uncapped", "report",
              "LR sensitivity does not cap a loss at the initial loss",
-             "scale_ablation/comparisons.py", "None if value is None else min(value, loss_init)",
+             "scale_ablation/analysis/comparisons.py", "None if value is None else min(value, loss_init)",
              "None if value is None else value", "tests/test_report.py", "-k", "wortsman"),
     mutation("spike_without_floor", "report",
              "a solved task's wobble near zero loss counts as a spike",
-             "scale_ablation/instability.py", "                and value - running_min >= min_rise",
+             "scale_ablation/analysis/instability.py", "                and value - running_min >= min_rise",
              "                and True", "tests/test_instability.py", "-k", "solved"),
     mutation("edge_kept_on_secondary_metric", "report",
              "an edge on a metric the LRs were not chosen on keeps the primary metric's decisions",
-             "scale_ablation/comparisons.py", "same_metric=b.chosen_on == key)",
+             "scale_ablation/analysis/comparisons.py", "same_metric=b.chosen_on == key)",
              "same_metric=True)", "tests/test_claims_field.py", "-k", "another_metric"),
     mutation("band_judged_at_an_edge_lr", "report",
              "a learned scale at a best LR on the grid's edge is judged against the band",
-             "scale_ablation/claims.py", "        elif at_edge:\n            place = cmp.AT_EDGE\n",
+             "scale_ablation/analysis/claims.py", "        elif at_edge:\n            place = cmp.AT_EDGE\n",
              "", "tests/test_claims_rules.py", "-k", "edge"),
     # --------------------------------------------------------------- sharding
     mutation("no_fsdp", "sharding", "train.fsdp > 1 leaves every parameter replicated",
@@ -206,7 +206,7 @@ MUTATIONS = [
     # --------------------------------------------------------------- checkpoints
     mutation("adam_moments_not_saved", "checkpoints",
              "checkpoints hold zeroed Adam moments: a resumed run restarts them",
-             "scale_ablation/checkpoints.py", "args=ocp.args.StandardSave(state))",
+             "scale_ablation/records/checkpoints.py", "args=ocp.args.StandardSave(state))",
              'args=ocp.args.StandardSave({**state, "opt_state": jax.tree.map('
              'jax.numpy.zeros_like, state["opt_state"])}))',
              "tests/test_train.py", "-k", "sigterm_is_bitwise"),

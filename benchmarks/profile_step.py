@@ -22,8 +22,8 @@ import optax
 from flax import nnx
 
 from benchmarks import run as bench
-from scale_ablation import optim, runs, steps
-from scale_ablation.config import ModelConfig
+from scale_ablation.training import optim, runs, steps
+from scale_ablation.training.run_config import ModelConfig
 
 
 def _fwd_bwd(module: nnx.Module, call, *inputs):

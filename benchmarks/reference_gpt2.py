@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional
 
 from experiments import base
-from scale_ablation import data
+from scale_ablation.data import sources as data
 
 GROUPS = ("embed", "qk", "v", "attn_out", "mlp_in", "mlp_out")
 RESIDUAL_OUTPUTS = ("attn_out", "mlp_out")

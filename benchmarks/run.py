@@ -50,7 +50,10 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from scale_ablation import attention, data, experiment, optim, runs, steps, train
+from scale_ablation.data import sources as data
+from scale_ablation.model import attention
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import optim, runs, steps, train
 
 _QUICK = flags.DEFINE_bool("quick", False, "Fewer repetitions and a 4-point sweep slice.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")

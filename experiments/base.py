@@ -38,7 +38,7 @@ def lr_grid_for(setting: Hashable, base_lrs: tuple[float, ...],
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     check_variant(__file__, arg)
     config = ml_collections.ConfigDict()
-    config.policy = "inv_sqrt_dk"  # scale policy spec, see `scale_ablation.policies.available()`
+    config.policy = "inv_sqrt_dk"  # scale policy spec, see `scale_ablation.model.policies.available()`
     config.layer_policies = ""  # optional per-layer specs, comma-separated; overrides `policy`
 
     config.model = model = ml_collections.ConfigDict()
@@ -123,7 +123,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # 5000 steps × 64 × 512 bytes = 164M, 0.30 passes; the d_k sweep's 3000 steps read
         # 98M, 0.18 passes. The 4.8 MB of plays would repeat 34 and 20 times (the final loss
         # would then measure memorisation). Needs the [hf] extra and the hub, or a local copy:
-        # --config.data.source=hf:DIR with DIR in the hub's layout (scale_ablation/hf_data.py).
+        # --config.data.source=hf:DIR with DIR in the hub's layout (scale_ablation/data/huggingface.py).
         data.source = "hf:Salesforce/wikitext:wikitext-103-raw-v1"
         data.seq_len = 512
         train.steps, train.batch_size, train.dtype = 5000, 64, "bfloat16"

@@ -43,7 +43,7 @@ sweep it"): add `--imports=my_policy.py --add_policies=my_policy` to the sweep c
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 OTHER_SCALES = ("none", "inv_dk", "inv_log_dk", "const:0.1")  # the article's §1 alternatives
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned", "qk_layernorm",

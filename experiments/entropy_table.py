@@ -18,7 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from scale_ablation import diagnostics
+from scale_ablation.model import diagnostics
 
 KIND = "probe"  # measures without training: `scale_ablation.main` calls run()
 

@@ -19,7 +19,7 @@ Variants:
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 CPU_GAIN, CPU_HEAD_DIM = 4.0, 32
 CPU_LRS = (1e-3, 3e-3, 1e-2)

@@ -40,7 +40,7 @@ Variants:
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 HEAD_DIMS = (16, 64, 256, 1024)
 CPU_HEAD_DIMS = (16, 128)  # × heads = d_model 128: the fixed-width cells of dk_sweep's cpu grid

@@ -29,7 +29,7 @@ Variants:
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 POLICIES = ("inv_sqrt_dk", "log_length", "log_length:0.5", "qk_layernorm")
 CPU_POLICIES = POLICIES[:3]

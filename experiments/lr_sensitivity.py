@@ -18,7 +18,7 @@ Variants: `cpu` (the study for 2 cores: the base CPU model, 4 heads × d_k 32 = 
 import numpy as np
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "qk_layernorm")
 

@@ -38,7 +38,7 @@ Variants:
 import numpy as np
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "const:0.1", "learned", "qk_layernorm")
 CPU_POLICIES = ("inv_sqrt_dk", "none", "inv_dk")  # the reference and the article's named two

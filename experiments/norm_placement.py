@@ -19,7 +19,7 @@ Variants:
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 VARIANTS = (
     {"model.norm_position": "pre", "policy": "inv_sqrt_dk"},

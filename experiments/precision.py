@@ -48,7 +48,7 @@ Variants:
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 ARMS = (("float16", "float32"), ("float16", "activation"),
         ("bfloat16", "float32"), ("bfloat16", "activation"))

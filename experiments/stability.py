@@ -22,7 +22,7 @@ Variants:
 """
 
 from experiments import base
-from scale_ablation import claims as claims_lib
+from scale_ablation.analysis import claims as claims_lib
 
 POLICIES = ("inv_sqrt_dk", "none")
 CPU_LRS = (1e-3, 3e-3, 1e-2)

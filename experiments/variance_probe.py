@@ -24,10 +24,12 @@ import numpy as np
 from flax import nnx
 
 from experiments import base
-from scale_ablation import data, diagnostics, experiment, policies
-from scale_ablation.attention import apply_rotary, attend, causal_mask
-from scale_ablation.config import ModelConfig
-from scale_ablation.model import build_model
+from scale_ablation.data import sources as data
+from scale_ablation.model import diagnostics, policies
+from scale_ablation.model.attention import apply_rotary, attend, causal_mask
+from scale_ablation.model.lm import build_model
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training.run_config import ModelConfig
 
 KIND = "probe"  # measures without training: `scale_ablation.main` calls run()
 

@@ -93,7 +93,7 @@ show bash -c "git ls-files -z --cached --others --exclude-standard | tar -czf $(
 [[ -n $dry_run ]] || git ls-files -z --cached --others --exclude-standard | tar -czf "$tarball" --null -T -
 run "${tpu[@]}" scp "$tarball" "$name":scale_ablation.tar.gz "${where[@]}" --worker=all
 # The TPU images ship Ubuntu 22.04's Python 3.10 and jax>=0.7 needs 3.11+: uv fetches a newer one.
-# The [hf] extra: the gpu variants stream their corpus (scale_ablation/hf_data.py).
+# The [hf] extra: the gpu variants stream their corpus (scale_ablation/data/huggingface.py).
 run "${tpu[@]}" ssh "$name" "${where[@]}" --worker=all --command="mkdir -p scale_ablation && tar -xzf scale_ablation.tar.gz -C scale_ablation && cd scale_ablation \
 && { test -x .venv/bin/python || { python3 -m pip install --user -q uv && ~/.local/bin/uv venv --seed --python 3.12 .venv; }; } \
 && .venv/bin/pip install -q -e \".[tpu,hf]\""

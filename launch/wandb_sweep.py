@@ -8,7 +8,7 @@ Policies of your own: `--imports=my_policy.py` imports the file here (so `--add_
 grid can name its policies) and puts the same flag in every run's command, so each agent's run
 imports it too: give paths relative to the repo root, where agents start, and make the file
 reachable there on every machine. `--add_policies=SPEC,...` adds policies to the grid at every
-setting of its other keys (`scale_ablation.experiment.with_policies`).
+setting of its other keys (`scale_ablation.training.experiment_files.with_policies`).
 
 How a run gets its overrides. The W&B agent replaces a command element that is exactly `${args}`
 with one `--NAME=VALUE` per parameter (wandb/sdk/launch/sweeps/utils.py,
@@ -45,7 +45,9 @@ from typing import Any
 import yaml
 from absl import app, flags
 
-from scale_ablation import experiment, plugins, policies, runtime
+from scale_ablation.model import plugins, policies
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import runtime
 
 _MAIN = "python -m scale_ablation.main"
 

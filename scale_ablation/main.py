@@ -1,7 +1,7 @@
 r"""Train one run: `python -m scale_ablation.main --config=experiments/base.py --workdir=DIR`.
 
 Override any field with `--config.FIELD=VALUE` (e.g. `--config.policy=none`); a policy of your
-own is one `--imports=my_policy.py` away (`scale_ablation.plugins`). Rerunning the
+own is one `--imports=my_policy.py` away (`scale_ablation.model.plugins`). Rerunning the
 same command on the same workdir resumes from the latest intact checkpoint. A run already
 trained with other steps, warmup or lr (`config.SCHEDULE_FIELDS`) is refused unless `--extend`
 asks to continue it with the new ones. One process at a time trains a workdir (a lock). Exit
@@ -19,10 +19,13 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from scale_ablation import checkpoints, experiment, hooks, plugins, runs, runtime
-from scale_ablation.checkpoints import CheckpointError
-from scale_ablation.config import ConfigError
-from scale_ablation.train import train
+from scale_ablation.model import plugins
+from scale_ablation.records import checkpoints
+from scale_ablation.records.checkpoints import CheckpointError
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import hooks, runs, runtime
+from scale_ablation.training.run_config import ConfigError
+from scale_ablation.training.train import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
                                           lock_config=True)

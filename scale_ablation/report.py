@@ -8,7 +8,7 @@ experiment file declares `claims(arg)`, claims.md (`claims`). Every number comes
 own metrics.jsonl and summary.json; spikes and collapse are found from the metrics when
 summary.json does not record them. The table is also logged as a wandb.Table to a summary run in
 the sweep's group.
-`--imports=my_policy.py` imports user modules first, as the sweep did (`scale_ablation.plugins`);
+`--imports=my_policy.py` imports user modules first, as the sweep did (`scale_ablation.model.plugins`);
 without it, the report imports what the sweep recorded in sweep.json.
 """
 
@@ -21,13 +21,16 @@ import sys
 
 from absl import app, flags
 
-from scale_ablation import baselines, claims, instability, plugins, report_plots, report_tables
-from scale_ablation import comparisons as cmp
-from scale_ablation import run_metrics as rm
-from scale_ablation.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
-from scale_ablation.jsonfiles import read_json
-from scale_ablation.run_files import FINISHED, RunFiles
-from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
+from scale_ablation.analysis import baselines, claims, instability
+from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import plots as report_plots
+from scale_ablation.analysis import tables as report_tables
+from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
+from scale_ablation.model import plugins
+from scale_ablation.records import metrics_rows as rm
+from scale_ablation.records.jsonfiles import read_json
+from scale_ablation.records.run_files import FINISHED, RunFiles
+from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker
 
 
 def load_runs(sweep_dir: str) -> list[dict]:

@@ -7,7 +7,7 @@ r"""Run an experiment's grid: one run directory per point, resumable, in-process
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
 compiling and starting W&B than training, and one process shares all of that (and the compiled
 programs) across the sweep. Runs that differ only in a scalar policy's value, the seed or the
-learning rate train together as one vmapped ensemble (`scale_ablation.ensemble`; each keeps its
+learning rate train together as one vmapped ensemble (`scale_ablation.training.ensemble`; each keeps its
 own run directory); `--noensemble` trains them one after another. `--parallel=N` runs N
 `scale_ablation.main` processes at once instead. Rerunning the command skips finished runs
 (completed or diverged) and resumes interrupted ones from their checkpoints. The report is
@@ -34,24 +34,17 @@ from collections.abc import Sequence
 
 from absl import app, flags, logging
 
-from scale_ablation import (
-    checkpoints,
-    ensemble,
-    experiment,
-    hooks,
-    jsonfiles,
-    locking,
-    plugins,
-    report,
-    runs,
-    runtime,
-)
-from scale_ablation.ahead import Ahead
-from scale_ablation.compile_log import CompileLog
-from scale_ablation.config import ConfigError, validate
-from scale_ablation.console import Progress
-from scale_ablation.run_files import FINISHED, RunFiles
-from scale_ablation.train import train, train_runs
+from scale_ablation import report
+from scale_ablation.model import plugins
+from scale_ablation.records import checkpoints, jsonfiles, locking
+from scale_ablation.records.run_files import FINISHED, RunFiles
+from scale_ablation.training import ensemble, hooks, runs, runtime
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training.ahead import Ahead
+from scale_ablation.training.compile_log import CompileLog
+from scale_ablation.training.progress import Progress
+from scale_ablation.training.run_config import ConfigError, validate
+from scale_ablation.training.train import train, train_runs
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")

@@ -29,7 +29,7 @@ def pytest_configure(config):
     if imports:
         import pytest
 
-        from scale_ablation import plugins
+        from scale_ablation.model import plugins
 
         try:
             plugins.load(imports)

@@ -5,7 +5,7 @@ import json
 import pathlib
 import textwrap
 
-from scale_ablation import experiment
+from scale_ablation.training import experiment_files as experiment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
@@ -32,7 +32,7 @@ def experiment_source(doc: str, overrides: dict, grid: str, when_arg: str = "") 
     the Python expression `grid`."""
     body = textwrap.indent(textwrap.dedent(when_arg).strip(), "    ")
     return (f'"""{doc}"""\n\nfrom experiments import base\n\n'
-            "from scale_ablation import experiment\n\n\ndef get_config(arg=None):\n"
+            "from scale_ablation.training import experiment_files as experiment\n\n\ndef get_config(arg=None):\n"
             f"    config = experiment.apply_overrides(base.get_config('quick'), {overrides!r})\n"
             + (f"{body}\n" if body else "")
             + f"    return config\n\n\ndef sweep(arg=None):\n    return {grid}\n")

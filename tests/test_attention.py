@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scale_ablation import attention, policies
-from scale_ablation.config import ModelConfig
+from scale_ablation.model import attention, policies
+from scale_ablation.training.run_config import ModelConfig
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 7, 3, 16
 

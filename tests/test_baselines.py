@@ -10,7 +10,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from scale_ablation import baselines, data
+from scale_ablation.analysis import baselines
+from scale_ablation.data import sources as data
 
 
 def lm_config(path, *, seq_len=8, batch_size=4, val_batches=3) -> dict:

@@ -8,8 +8,8 @@ import math
 import pytest
 from scipy import stats as sps
 
-from scale_ablation import claims
-from scale_ablation.comparisons import AT_EDGE
+from scale_ablation.analysis import claims
+from scale_ablation.analysis.comparisons import AT_EDGE
 
 LRS, SEEDS = (3e-4, 1e-3, 3e-3, 1e-2), (0, 1, 2)  # both arms' best LRs are interior
 SEED_EFFECT = (0.03, -0.02, 0.01)

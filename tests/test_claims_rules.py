@@ -1,5 +1,5 @@
 """The Band and Arms claim rules judged from synthetic run rows (the report's row format), with
-the expected numbers computed here independently (numpy/scipy, not scale_ablation.stats)."""
+the expected numbers computed here independently (numpy/scipy, not scale_ablation.analysis.stats)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from scale_ablation import claims as c
+from scale_ablation.analysis import claims as c
 
 SEEDS = (0, 1, 2)
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from scale_ablation import data
+from scale_ablation.data import sources as data
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

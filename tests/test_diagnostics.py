@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scale_ablation import attention, diagnostics, policies
+from scale_ablation.model import attention, diagnostics, policies
 
 
 def causal(n):

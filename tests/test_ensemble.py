@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 from helpers import experiment_source, read_json
 
-from scale_ablation import data as data_lib
-from scale_ablation import ensemble, experiment, hooks, optim, runs, steps, train, wandb_offline
-from scale_ablation.checkpoints import Checkpoints
-from scale_ablation.run_files import RunFiles
+from scale_ablation.data import sources as data_lib
+from scale_ablation.records import wandb_offline
+from scale_ablation.records.checkpoints import Checkpoints
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import ensemble, hooks, optim, runs, steps, train
+from scale_ablation.training import experiment_files as experiment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"

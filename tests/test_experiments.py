@@ -15,9 +15,12 @@ import ml_collections
 import pytest
 from flax import nnx
 
-from scale_ablation import claims, experiment, policies, provenance
-from scale_ablation.config import layer_policy_specs, validate
-from scale_ablation.model import build_model
+from scale_ablation.analysis import claims
+from scale_ablation.model import policies
+from scale_ablation.model.lm import build_model
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import provenance
+from scale_ablation.training.run_config import layer_policy_specs, validate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")

@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import tiny_config
 
-from scale_ablation import data, hf_data, hooks, train
-from scale_ablation.run_files import RunFiles
+from scale_ablation.data import huggingface as hf_data
+from scale_ablation.data import sources as data
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import hooks, train
 
 SHARDS = 4
 

@@ -7,8 +7,9 @@ import pytest
 from helpers import TINY_RUN as TINY
 from helpers import read_json, tiny_config
 
-from scale_ablation import baselines, hooks, train
-from scale_ablation.run_files import RunFiles
+from scale_ablation.analysis import baselines
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import hooks, train
 
 
 def test_a_new_periodic_hook_is_one_function_and_one_line(tmp_path):

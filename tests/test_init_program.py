@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 from helpers import tiny_config
 
-from scale_ablation import runs
-from scale_ablation.config import ModelConfig
-from scale_ablation.model import build_model
-from scale_ablation.optim import make_optimizer
+from scale_ablation.model.lm import build_model
+from scale_ablation.training import runs
+from scale_ablation.training.optim import make_optimizer
+from scale_ablation.training.run_config import ModelConfig
 
 
 def eager_state(config) -> tuple:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from scale_ablation import instability
+from scale_ablation.analysis import instability
 
 
 def rows(key: str, values: dict[int, float]) -> list[dict]:

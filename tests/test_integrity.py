@@ -21,18 +21,12 @@ import pytest
 from helpers import QUICK, REPO, read_json, snapshot, tiny_config
 from helpers import TINY_RUN as TINY
 
-from scale_ablation import (
-    checkpoints,
-    ensemble,
-    experiment,
-    hooks,
-    locking,
-    report,
-    sweep,
-    train,
-)
-from scale_ablation.config import ConfigError, validate
-from scale_ablation.run_files import RunFiles
+from scale_ablation import report, sweep
+from scale_ablation.records import checkpoints, locking
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import ensemble, hooks, train
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training.run_config import ConfigError, validate
 
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 # absl log lines (WARNING:absl:..., W0101 12:00:00.0 ...) are not the error report.
@@ -175,7 +169,7 @@ def test_main_refuses_a_changed_steps_in_one_line(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from scale_ablation import locking
+    from scale_ablation.records import locking
     locking.DirectoryLock(sys.argv[1]).acquire()
     print("locked", flush=True)
     time.sleep(600)
@@ -314,7 +308,7 @@ EXPERIMENT = textwrap.dedent('''
         return [{{"train.seed": 0}}, {{"train.seed": 1, "data.source": "text:no_such_file.txt"}}]
 
     def claims(arg=None):
-        from scale_ablation import claims as claims_lib
+        from scale_ablation.analysis import claims as claims_lib
         return [claims_lib.Claim("1/sqrt(d_k) trains",
                                  claims_lib.Unstable(("inv_sqrt_dk",), expect_unstable=False))]
 ''')
@@ -357,7 +351,7 @@ def test_a_second_sweep_on_one_directory_is_refused(tmp_path):
 
 
 def test_an_unreachable_wandb_server_turns_later_runs_offline(tmp_path, monkeypatch, caplog):
-    from scale_ablation import wandb_tracker
+    from scale_ablation.records import wandb_tracker
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scale_ablation import experiment
+from scale_ablation.training import experiment_files as experiment
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch"

@@ -11,7 +11,9 @@ import pathlib
 import jax.numpy as jnp
 import pytest
 
-from scale_ablation import experiment, optim, policies
+from scale_ablation.model import policies
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import optim
 
 SPEC = str(pathlib.Path(__file__).resolve().parents[1] / "experiments" / "learned_scale.py")
 

@@ -17,7 +17,8 @@ import sys
 import pytest
 from helpers import snapshot
 
-from scale_ablation import experiment, train
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BASE = str(REPO / "experiments" / "base.py")

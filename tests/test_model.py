@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scale_ablation import experiment
-from scale_ablation.config import ModelConfig
-from scale_ablation.model import build_model
+from scale_ablation.model.lm import build_model
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training.run_config import ModelConfig
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 256

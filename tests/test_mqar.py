@@ -15,9 +15,10 @@ import pytest
 from flax import nnx
 from helpers import tiny_config
 
-from scale_ablation import baselines, data
-from scale_ablation.config import ConfigError, ModelConfig, validate
-from scale_ablation.model import build_model
+from scale_ablation.analysis import baselines
+from scale_ablation.data import sources as data
+from scale_ablation.model.lm import build_model
+from scale_ablation.training.run_config import ConfigError, ModelConfig, validate
 
 
 def source(num_pairs: int = 8, vocab_size: int = 64, power_a: float = 0.01) -> data.MQAR:

@@ -1,4 +1,4 @@
-"""`scale_ablation.nonfinite`: the first non-finite value of a program, and a diverged run's replay.
+"""`scale_ablation.training.nonfinite` and its command: the first non-finite value of a program, and a diverged run's replay.
 
 The walker is checked on functions whose first overflow is known by construction (the line that
 makes it is found in this file's text, not by the walker); the replay against the run's own
@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import pytest
 from helpers import REPO, read_json, tiny_config
 
-from scale_ablation import nonfinite, train
-from scale_ablation.run_files import RunFiles
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import nonfinite, train
 
 THIS_FILE = pathlib.Path(__file__)
 

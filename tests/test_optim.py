@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from test_model import tiny_config
 
-from scale_ablation import optim, runs
-from scale_ablation.optim import OptimizerSettings
+from scale_ablation.training import optim, runs
+from scale_ablation.training.optim import OptimizerSettings
 
 # Parameters whose names say they are weight matrices: the only ones weight decay may shrink.
 DECAYED_NAMES = ("kernel", "embedding")
@@ -140,7 +140,7 @@ def test_adamw_with_clipping_matches_numpy(grad_clip):
 def one_step_change(config, multiplier: float) -> dict[str, np.ndarray]:
     """Each parameter's change over one real train step of `config` with the given scale-policy
     LR multiplier (same initial state, batch and everything else)."""
-    from scale_ablation import steps
+    from scale_ablation.training import steps
     config = tiny_config(**{**config, "train.scale_lr_multiplier": multiplier,
                             "train.warmup_steps": 0})
     settings = OptimizerSettings.of(config)
@@ -193,6 +193,6 @@ def test_scale_lr_multiplier_one_is_todays_optimiser(model_params):
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
 def test_scale_lr_multiplier_must_be_positive(value):
-    from scale_ablation.config import ConfigError, validate
+    from scale_ablation.training.run_config import ConfigError, validate
     with pytest.raises(ConfigError, match=r"^train\.scale_lr_multiplier must be a positive"):
         validate(tiny_config(**{"train.scale_lr_multiplier": value}))

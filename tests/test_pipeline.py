@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from helpers import tiny_config
 
-from scale_ablation import console, hooks, loop, optim, runs, steps, train
-from scale_ablation.checkpoints import Checkpoints
-from scale_ablation.run_files import RunFiles
+from scale_ablation.records.checkpoints import Checkpoints
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.training import hooks, loop, optim, runs, steps, train
+from scale_ablation.training import progress as console
 
 # Dropout on, so that each step's key must be the same in both loops; no warmup or clipping,
 # so that the diverging lr diverges within the run (tests/test_ensemble.py: step 4).

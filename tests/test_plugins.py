@@ -23,7 +23,8 @@ import yaml
 from helpers import TINY_MODEL, experiment_source, read_json, snapshot
 
 from experiments import dk_sweep
-from scale_ablation import experiment, plugins, policies
+from scale_ablation.model import plugins, policies
+from scale_ablation.training import experiment_files as experiment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
@@ -33,7 +34,7 @@ USER_POLICY = '''
 import math
 import os
 
-from scale_ablation import policies
+from scale_ablation.model import policies
 
 if os.environ.get("USER_POLICY_LOG"):
     with open(os.environ["USER_POLICY_LOG"], "a") as log:
@@ -115,7 +116,7 @@ def test_add_policies_to_a_grid_without_a_policy_key():
 
 def test_register_refuses_a_taken_name():
     with pytest.raises(ValueError, match=r"'inv_sqrt_dk' is registered twice: by "
-                                         r"scale_ablation\.policies and by"):
+                                         r"scale_ablation\.model\.policies and by"):
         policies.register("inv_sqrt_dk")(lambda arg: policies.scalar(lambda d: 1.0))
     assert policies.get("inv_sqrt_dk").base_scale(64) == 1 / 8  # the original is kept
 
@@ -253,7 +254,7 @@ def test_wandb_sweep_definition_carries_the_imports(tmp_path):
 
 
 def write_wheel(directory: pathlib.Path, module: str, source: str) -> pathlib.Path:
-    """A wheel of package `module` whose entry point in `scale_ablation.policies` is itself."""
+    """A wheel of package `module` whose entry point in `scale_ablation.model.policies` is itself."""
     info = f"{module}-0.1.dist-info"
     files = {
         f"{module}/__init__.py": source,
@@ -288,9 +289,9 @@ def install(tmp_path: pathlib.Path, module: str, source: str) -> dict:
 
 def test_an_installed_package_adds_its_policy_with_no_flag(tmp_path, tiny_experiment):
     env = install(tmp_path, "sa_demo_policies", USER_POLICY.replace("{name}", "pkg_half"))
-    listed = run("-c", "from scale_ablation import policies; print(policies.available())", env=env)
+    listed = run("-c", "from scale_ablation.model import policies; print(policies.available())", env=env)
     assert "'pkg_half'" in listed.stdout, listed.stderr
-    assert "'pkg_half'" not in run("-c", "from scale_ablation import policies; "
+    assert "'pkg_half'" not in run("-c", "from scale_ablation.model import policies; "
                                          "print(policies.available())").stdout
 
     sweep_dir = tmp_path / "sweep"
@@ -321,7 +322,7 @@ import math
 
 import jax.numpy as jnp
 
-from scale_ablation import policies
+from scale_ablation.model import policies
 
 
 @policies.register("user_broken_learned")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scale_ablation import attention, diagnostics, policies
-from scale_ablation.config import ModelConfig
+from scale_ablation.model import attention, diagnostics, policies
+from scale_ablation.training.run_config import ModelConfig
 
 
 # Registered here so that the conformance suite below shows registration is all a new policy

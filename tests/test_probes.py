@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from scale_ablation import experiment
+from scale_ablation.training import experiment_files as experiment
 
 EXPERIMENTS = pathlib.Path(__file__).resolve().parents[1] / "experiments"
 REFERENCE_SAMPLES = 200_000

@@ -7,7 +7,9 @@ import flax
 import jax
 import pytest
 
-from scale_ablation import data, experiment, hooks, provenance, train
+from scale_ablation.data import sources as data
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import hooks, provenance, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"

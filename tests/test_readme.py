@@ -14,7 +14,8 @@ import jax
 import numpy as np
 
 from experiments import dk_sweep
-from scale_ablation import attention, experiment, policies
+from scale_ablation.model import attention, policies
+from scale_ablation.training import experiment_files as experiment
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 

@@ -20,7 +20,8 @@ import sys
 import pytest
 from helpers import read_json
 
-from scale_ablation import report, wandb_offline
+from scale_ablation import report
+from scale_ablation.records import wandb_offline
 
 try:  # pytest's default import mode puts tests/ itself on sys.path
     from test_sweep import ENV, GRIDS, REPO, build_report_sweep

@@ -17,9 +17,11 @@ import pytest
 from scipy import stats as sps
 
 from experiments import base
-from scale_ablation import claims, report, report_tables
-from scale_ablation import comparisons as cmp
-from scale_ablation.run_files import RunFiles
+from scale_ablation import report
+from scale_ablation.analysis import claims
+from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import tables as report_tables
+from scale_ablation.records.run_files import RunFiles
 
 LRS, SEEDS, LENGTHS = (1e-3, 3e-3, 1e-2), (0, 1, 2, 3), (128, 256)
 SEED_EFFECT = (0.04, -0.03, 0.01, -0.02)

@@ -7,7 +7,7 @@ import math
 
 from experiments import base
 from scale_ablation import report
-from scale_ablation.run_files import RunFiles
+from scale_ablation.records.run_files import RunFiles
 
 # Run name -> passes over the data: seven repeat it (one named only in the count), one reads
 # less than a pass, one (generated data) has no size.

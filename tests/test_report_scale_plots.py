@@ -10,7 +10,9 @@ import pytest
 from matplotlib.figure import Figure
 
 from experiments import base
-from scale_ablation import report, report_plots, report_tables
+from scale_ablation import report
+from scale_ablation.analysis import plots as report_plots
+from scale_ablation.analysis import tables as report_tables
 
 STEPS = (0, 25, 50)
 SEEDS = (0, 1, 2)

@@ -24,8 +24,9 @@ import pytest
 from scipy import stats as sps
 
 from experiments import base
-from scale_ablation import baselines, report
-from scale_ablation.run_files import RunFiles
+from scale_ablation import report
+from scale_ablation.analysis import baselines
+from scale_ablation.records.run_files import RunFiles
 
 LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 SEEDS = (0, 1, 2, 3)
@@ -41,7 +42,7 @@ SPIKED = ("none", 3e-2, 1)
 SPIKE_AT = 60
 
 EXPERIMENT = '''
-from scale_ablation import claims as c
+from scale_ablation.analysis import claims as c
 
 def get_config(arg=None):
     return None
@@ -398,7 +399,7 @@ def test_mqar_tables_use_accuracy_with_chance_and_context_guess(tmp_path):
 
 
 def test_a_rule_with_an_unknown_expectation_is_refused():
-    from scale_ablation import claims
+    from scale_ablation.analysis import claims
 
     with pytest.raises(ValueError, match="expect"):
         claims.Compare("smaller")

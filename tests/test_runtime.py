@@ -12,7 +12,7 @@ import jax
 import pytest
 from test_sharding import REPO, command
 
-from scale_ablation import runtime
+from scale_ablation.training import runtime
 
 
 @pytest.fixture

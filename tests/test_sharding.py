@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from scale_ablation import hooks
+from scale_ablation.training import hooks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EIGHT_DEVICES = "--xla_force_host_platform_device_count=8"
@@ -93,7 +93,8 @@ def test_fsdp_run_resumes_from_its_checkpoint(tmp_path):
 # global shape, partition spec and the shape of every addressable shard.
 INSPECT = """
 import json, sys
-from scale_ablation import experiment, runs
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import runs
 import jax
 config = experiment.apply_overrides(experiment.load_config("experiments/base.py:quick"),
                                     json.loads(sys.argv[2]))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from scale_ablation import stats
+from scale_ablation.analysis import stats
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 6, 9, 10, 29, 30, 61])

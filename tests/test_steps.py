@@ -10,9 +10,9 @@ import pytest
 from flax import nnx
 from test_model import tiny_config
 
-from scale_ablation import runs, steps
-from scale_ablation.evaluation import Evaluator
-from scale_ablation.optim import OptimizerSettings, make_optimizer
+from scale_ablation.training import runs, steps
+from scale_ablation.training.evaluation import Evaluator
+from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
 CONFIG = {"model.num_layers": 1, "train.batch_size": 4, "data.val_batches": 2}
 

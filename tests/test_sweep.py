@@ -21,7 +21,9 @@ import sys
 import pytest
 from helpers import TINY_MODEL, experiment_source, read_json
 
-from scale_ablation import experiment, hooks, report, sweep
+from scale_ablation import report, sweep
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import hooks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}

@@ -16,9 +16,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-from scale_ablation import jsonfiles, redaction, run_files, tracking, wandb_offline, wandb_tracker
-from scale_ablation.run_files import RunFiles
-from scale_ablation.wandb_tracker import WandbSettings, WandbTracker
+from scale_ablation.records import (
+    jsonfiles,
+    redaction,
+    run_files,
+    tracking,
+    wandb_offline,
+    wandb_tracker,
+)
+from scale_ablation.records.run_files import RunFiles
+from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker
 
 FAKE_API_KEY = "f4ke0a1b2c3d4e5f60718293a4b5c6d7e8f90123"  # 40 hex chars, like a real key
 

@@ -1,0 +1,73 @@
+"""Validation loss and attention diagnostics of a run's state, on its fixed validation batches."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from scale_ablation.data import sources as data_lib
+from scale_ablation.training import steps
+from scale_ablation.training.runs import PreparedRun, to_device_batch
+from scale_ablation.training.steps import TrainState
+
+
+class Evaluator:
+    """The run's validation batches (at `data.seq_len` and each `train.eval_seq_lens`) and its
+    shared eval and diagnostics programs."""
+
+    def __init__(self, run: PreparedRun):
+        config = run.config
+        programs = steps.programs(run.graphdef, run.optimizer, float(config.train.z_loss))
+        self._eval_step, self._diagnostics_step = programs.eval, programs.diagnostics
+
+        def validation_set(seq_len: int) -> list[dict]:
+            batches = run.source.val_batches(config.train.batch_size, seq_len,
+                                             config.data.val_batches)
+            # Every process builds the whole batch; each feeds only its own rows.
+            share = (jax.process_index(), jax.process_count())
+            return [to_device_batch(data_lib.process_share(b, *share), run.batch_sharding)
+                    for b in batches]
+
+        self.seq_len = config.data.seq_len
+        self.val_batches = validation_set(self.seq_len)
+        # Longer validation sequences, for length generalisation: `val/loss@LEN`.
+        self.longer_val = {n: validation_set(n) for n in config.train.get("eval_seq_lens", ())}
+
+    def _totals(self, state: TrainState, batches: list[dict]) -> np.ndarray:
+        """(3, T): summed loss, weight and correct predictions per position over `batches`."""
+        totals = 0.0
+        for batch in batches:
+            totals = totals + np.asarray(jax.device_get(self._eval_step(state, batch)),
+                                         dtype=np.float64)
+        return totals
+
+    def evaluate(self, state: TrainState) -> dict[str, float]:
+        """val/loss (nats per byte), val/bpb, val/accuracy; the same @LEN over every position
+        of each longer length, and _beyond@LEN over its positions n..LEN-1 only (those the
+        model never saw in training, n = data.seq_len), with val/bpb_degradation@LEN: the
+        bits per byte beyond n minus those at n."""
+        row = _scores("", self._totals(state, self.val_batches))
+        n = self.seq_len
+        for length, batches in self.longer_val.items():
+            totals = self._totals(state, batches)
+            row.update(_scores(f"@{length}", totals))
+            if length > n and totals[1, n:].sum() > 0:
+                row.update(_scores(f"_beyond@{length}", totals[:, n:]))
+                row[f"val/bpb_degradation@{length}"] = (row[f"val/bpb_beyond@{length}"]
+                                                        - row["val/bpb"])
+        return row
+
+    def diagnose(self, state: TrainState) -> dict[str, float]:
+        """Per-layer attention statistics on the first validation batch."""
+        stats = jax.device_get(self._diagnostics_step(state, self.val_batches[0]))
+        return {key: float(value) for key, value in stats.items()}
+
+
+def _scores(suffix: str, totals: np.ndarray) -> dict[str, float]:
+    """Loss, bits per byte and accuracy from (3, T) per-position totals, over all T."""
+    loss_sum, weight, correct = totals.sum(axis=1)
+    loss = loss_sum / weight
+    return {f"val/loss{suffix}": loss, f"val/bpb{suffix}": loss / math.log(2),
+            f"val/accuracy{suffix}": correct / weight}

@@ -1,0 +1,139 @@
+"""Periodic work around the train step, as a list of hooks (in the spirit of clu's periodic
+actions): each is a function of (member, tick) and how often it runs.
+
+After every step, for each member that did not diverge, the loop calls the due hooks in list
+order. Hooks before `write_row` (the built-in ones, then a run's extra hooks) add to `tick.row`,
+which `write_row` logs as one row at that step; hooks after it see the row as logged. With
+`train.steps_per_call` > 1 the loop runs several steps per program and keeps only the last
+state: a chunk ends at every step where a hook that reads the state (`tick.state()`, the
+default `reads_state=True`) is due. Adding periodic work is one function and one line:
+
+    def count_tokens(member, tick):
+        tick.row["tokens"] = tick.step * member.tokens_per_step
+
+    train.train(config, workdir, extra_hooks=[hooks.Periodic(100, count_tokens)])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from collections.abc import Sequence
+
+import ml_collections
+
+from scale_ablation.analysis import baselines, instability
+from scale_ablation.training.loop import Member, Periodic, Tick
+
+
+def log_train_metrics(member: Member, tick: Tick) -> None:
+    row = tick.row
+    row.update(tick.metrics)
+    row["train/bpb"] = row["train/loss"] / math.log(2)
+    row["train/lr"] = float(member.config.train.lr * member.schedule(tick.step - 1))
+    row["perf/step_seconds"] = tick.step_seconds
+    if member.clock.tokens_per_second is not None:
+        row["perf/tokens_per_second"] = member.clock.tokens_per_second
+
+
+def evaluate(member: Member, tick: Tick) -> None:
+    tick.row.update(member.evaluate(tick.state()))
+
+
+def diagnose(member: Member, tick: Tick) -> None:
+    tick.row.update(member.evaluator.diagnose(tick.state()))
+
+
+def watch_instability(config: ml_collections.ConfigDict) -> Periodic:
+    """Loss spikes and collapse (`instability`) found on the rows as they are logged: the first
+    step of each goes into summary.json and W&B (`spike_step`, `collapse_step`), and the row
+    where it is found gets `train/spiked` or `val/collapsed`."""
+    base = baselines.baselines(config.to_dict())
+    unigram = (baselines.bits_to_nats(base["unigram_bpb"]) if "unigram_bpb" in base else None)
+    rows: list[dict] = []
+
+    def watch(member: Member, tick: Tick) -> None:
+        if "train/loss" not in tick.row and "val/loss" not in tick.row:
+            return
+        if not rows and member.start_step and member.trackers.files is not None:
+            rows.extend(member.trackers.files.read_metrics())  # a resumed run's history
+        rows.append({"step": tick.step, **{k: tick.row[k] for k in ("train/loss", "val/loss")
+                                           if k in tick.row}})
+        found = instability.instability_steps(rows, warmup_steps=config.train.warmup_steps,
+                                              unigram_loss=unigram)
+        for field, metric in (("spike_step", "train/spiked"), ("collapse_step", "val/collapsed")):
+            if found[field] is not None and member.summary_fields.get(field) is None:
+                member.summary_fields[field] = found[field]
+                tick.row[metric] = 1.0
+
+    return Periodic(1, watch, reads_state=False)
+
+
+def write_row(member: Member, tick: Tick) -> None:
+    if tick.row:
+        member.trackers.log(tick.step, tick.row)
+
+
+def print_progress(member: Member, tick: Tick) -> None:
+    clock, total = member.clock, member.config.train.steps
+    seconds_per_step = clock.seconds / clock.steps if clock.steps else float("nan")
+    text = (f"{member.label}step {tick.step}/{total}  "
+            f"loss {tick.row.get('train/loss', float('nan')):.4f}")
+    if "val/loss" in tick.row:
+        text += f"  val {tick.row['val/loss']:.4f}"
+    text += (f"  {member.tokens_per_step / seconds_per_step:,.0f} tok/s  "
+             f"eta {(total - tick.step) * seconds_per_step:.0f}s")
+    print(text, flush=True)
+
+
+def save_checkpoint(member: Member, tick: Tick) -> None:
+    member.checkpoints.save(tick.step, tick.state())
+
+
+def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] = (),
+                  progress: bool = True) -> list[Periodic]:
+    """What every run does: log, evaluate (always at the end: the summary needs it), diagnose,
+    then the `extra` hooks, then write the row, print progress, checkpoint, and last the extra
+    hooks marked `after_step_work`."""
+    t = config.train
+    return [
+        Periodic(t.log_every, log_train_metrics, reads_state=False),
+        Periodic(t.eval_every or t.steps, evaluate),
+        Periodic(t.diag_every, diagnose),
+        watch_instability(config),
+        *(hook for hook in extra if not hook.after_step_work),
+        Periodic(1, write_row, reads_state=False),
+        Periodic(t.log_every if progress else 0, print_progress, at_last=False,
+                 reads_state=False),
+        Periodic(config.checkpoint.every, save_checkpoint, at_last=False),
+        *(hook for hook in extra if hook.after_step_work),
+    ]
+
+
+SIGNAL_AT_ENV = "SCALE_ABLATION_SIGNAL_AT"
+
+
+def signal_at(spec: str) -> Periodic:
+    """Fault injection for tests: `STEP[:SIGNAME]` sends this process SIGNAME (default SIGTERM)
+    once step STEP is done (its row logged and its checkpoint, if due, written), so that a test
+    stops a run at a chosen step instead of racing a signal against the clock."""
+    step, _, name = spec.partition(":")
+    try:
+        signum = signal.Signals[name or "SIGTERM"]
+        step_number = int(step)
+    except (KeyError, ValueError):
+        raise ValueError(f"{SIGNAL_AT_ENV}={spec!r}: expected STEP[:SIGNAME], "
+                         "e.g. 40:SIGKILL") from None
+
+    def send(member: Member, tick: Tick) -> None:
+        if tick.step == step_number:
+            os.kill(os.getpid(), signum)
+
+    return Periodic(1, send, after_step_work=True)
+
+
+def hooks_from_environment(environ: dict[str, str]) -> list[Periodic]:
+    """The fault-injection hooks an environment asks for (none unless SIGNAL_AT_ENV is set)."""
+    spec = environ.get(SIGNAL_AT_ENV, "")
+    return [signal_at(spec)] if spec else []

@@ -1,0 +1,204 @@
+"""A run's settings: the whole config validated in one place, and the frozen `ModelConfig`.
+
+`validate(config)` is the one check every entry point (a run, a sweep's grid, an ensemble's
+grouping) makes before anything is written; it raises `ConfigError` with one line naming the
+field. `ModelConfig` is built once from the ConfigDict and passed down the module tree, one name
+per setting from the experiment file to the attention layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from scale_ablation.data import sources as data_lib
+from scale_ablation.model import policies
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+INITS = ("fan_in", "xavier", "gpt2")  # model.init: see attention.kernel_init
+
+# Fields that define what is trained on what: a resumed or skipped run must not change them.
+IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
+                   "train.dtype")
+# Fields that define the learning-rate schedule and the run's length: a resumed or finished run
+# keeps them unless the user asks to extend it (`--extend`), or the schedule changes mid-run.
+SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
+
+
+class ConfigError(ValueError):
+    """User error in the config or workdir, reported as one line before anything is written."""
+
+
+def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything that shapes the model, under the config's names (`model.*`, plus the compute
+    dtype and one policy spec per layer). Frozen and hashable: equal configs build equal
+    graphdefs, which is what lets runs share compiled programs."""
+
+    d_model: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    layer_policies: tuple[str, ...] = ()
+    mlp_ratio: int = 4
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    positions: str = "learned"
+    max_seq_len: int = 1024
+    init: str = "fan_in"
+    init_gain: float = 1.0
+    logits_dtype: str = "float32"
+    attention_dropout: float = 0.0
+    attention_impl: str = "reference"
+    dtype: str = "float32"
+    vocab_size: int = 256
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
+        """The model of a run config (raises ConfigError naming a bad field)."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"layer_policies", "dtype",
+                                                             "vocab_size"}
+        model = cls(**{name: config.model[name] for name in fields},
+                    layer_policies=tuple(layer_policy_specs(config)), dtype=config.train.dtype,
+                    vocab_size=data_lib.vocab_size(config.data))  # MQAR: its own ids
+        model.check()
+        return model
+
+    def check(self) -> None:
+        if min(self.head_dim, self.num_heads, self.d_model, self.num_layers) <= 0:
+            raise ConfigError("model.head_dim, num_heads, d_model and num_layers must be "
+                              f"positive, got {self.head_dim}, {self.num_heads}, {self.d_model}, "
+                              f"{self.num_layers}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"model.positions=rotary needs an even model.head_dim, "
+                              f"got {self.head_dim}")
+        _choice("train.dtype", self.dtype, tuple(DTYPES))
+        _choice("model.logits_dtype", self.logits_dtype, ("float32", "activation"))
+        _choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
+        _choice("model.norm_position", self.norm_position, ("pre", "post"))
+        _choice("model.positions", self.positions, ("learned", "rotary"))
+        _choice("model.init", self.init, INITS)
+        _choice("model.attention_impl", self.attention_impl, ("reference", "fused"))
+        if len(self.layer_policies) != self.num_layers:
+            raise ConfigError(f"{len(self.layer_policies)} layer policies for "
+                              f"model.num_layers={self.num_layers}")
+        for spec in self.layer_policies:
+            policy = policies.get(spec)  # ValueError naming the policy
+            try:
+                scale = policy.base_scale(self.head_dim)
+            except (ArithmeticError, ValueError) as error:  # e.g. 1/ln(d_k) at d_k = 1
+                raise ConfigError(f"policy {spec!r} has no scale at model.head_dim="
+                                  f"{self.head_dim}: {error}") from None
+            if scale is not None and not math.isfinite(float(scale)):
+                raise ConfigError(f"policy {spec!r} gives scale {scale} at model.head_dim="
+                                  f"{self.head_dim}")
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    @property
+    def attention_logits_dtype(self) -> Any:
+        """float32, or None: the activations' own dtype (the article's pitfall 3)."""
+        return jnp.float32 if self.logits_dtype == "float32" else None
+
+
+def layer_policy_specs(config: ml_collections.ConfigDict) -> list[str]:
+    """One policy spec per layer: `layer_policies` (comma-separated) if set, else `policy`."""
+    num_layers = config.model.num_layers
+    if config.get("layer_policies"):
+        specs = [s.strip() for s in config.layer_policies.split(",")]
+        if len(specs) != num_layers:
+            raise ConfigError(
+                f"layer_policies lists {len(specs)} policies for model.num_layers={num_layers}"
+            )
+        return specs
+    return [config.policy] * num_layers
+
+
+def validate(config: ml_collections.ConfigDict) -> ModelConfig:
+    """Check a whole run config; return its ModelConfig. Raises ConfigError naming the field."""
+    try:
+        _validate_train(config)
+        model = ModelConfig.from_config(config)
+    except ConfigError:
+        raise
+    except (ValueError, ZeroDivisionError, ArithmeticError) as error:
+        raise ConfigError(str(error)) from None
+    mode = config.get("wandb", {}).get("mode", "auto")
+    _choice("wandb.mode", mode, WANDB_MODES)
+    timeout = config.get("wandb", {}).get("init_timeout", 30.0)
+    if not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"wandb.init_timeout must be a positive number of seconds, "
+                          f"got {timeout!r}")
+    return model
+
+
+def _validate_train(config: ml_collections.ConfigDict) -> None:
+    t, d, m = config.train, config.data, config.model
+    if t.lr <= 0 or not math.isfinite(t.lr):
+        raise ConfigError(f"train.lr must be positive, got {t.lr}")
+    if t.steps <= 0:
+        raise ConfigError(f"train.steps must be positive, got {t.steps}")
+    if t.batch_size <= 0 or t.batch_size % jax.device_count():
+        raise ConfigError(f"train.batch_size={t.batch_size} must be a positive multiple of the "
+                          f"{jax.device_count()} devices")
+    if d.seq_len <= 0 or (m.positions == "learned" and d.seq_len > m.max_seq_len):
+        raise ConfigError(f"data.seq_len={d.seq_len} must be in 1..model.max_seq_len="
+                          f"{m.max_seq_len}")
+    for seq_len in t.get("eval_seq_lens", ()):
+        if seq_len <= 0 or (m.positions == "learned" and seq_len > m.max_seq_len):
+            raise ConfigError(f"train.eval_seq_lens: {seq_len} must be in 1..model.max_seq_len="
+                              f"{m.max_seq_len} with learned positions (rotary has no limit)")
+    multiplier = t.get("scale_lr_multiplier", 1.0)
+    if not isinstance(multiplier, (int, float)) or not multiplier > 0 or not math.isfinite(
+            multiplier):
+        raise ConfigError(f"train.scale_lr_multiplier must be a positive number (the scale "
+                          f"policy's LR / the LR), got {multiplier!r}")
+    per_call = t.get("steps_per_call", 1)
+    if not isinstance(per_call, int) or per_call < 1 or per_call & (per_call - 1):
+        raise ConfigError(f"train.steps_per_call must be a power of two >= 1, got {per_call!r}")
+    for field in ("log_every", "eval_every", "diag_every"):
+        if t[field] < 0:
+            raise ConfigError(f"train.{field} must be >= 0, got {t[field]}")
+    if config.checkpoint.every < 0:
+        raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
+    if d.source == "mqar":  # a generator: its settings can be checked before anything runs
+        data_lib.mqar_source(d, seed=0).check(d.seq_len)  # ValueError naming the field
+
+
+def changed_identity_fields(old: dict, new: dict,
+                            fields: tuple[str, ...] = IDENTITY_FIELDS) -> list[str]:
+    """Dotted names of `fields` (default: the identity fields) that differ between two config
+    dicts."""
+    old_flat, new_flat = _flatten(old), _flatten(new)
+    keys = sorted(set(old_flat) | set(new_flat))
+    return [
+        key for key in keys
+        if any(key == f or key.startswith(f + ".") for f in fields)
+        and _normalise(old_flat.get(key)) != _normalise(new_flat.get(key))
+    ]
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _normalise(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value

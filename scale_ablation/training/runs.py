@@ -1,0 +1,273 @@
+"""A run directory made ready to train: config checked, state built or restored, data opened.
+
+`prepare` touches nothing on disk: every refusal (bad config, a workdir holding another run, an
+unreadable checkpoint) is a `ConfigError` before the first write.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from scale_ablation.data import sources as data_lib
+from scale_ablation.model import policies
+from scale_ablation.model.lm import build_model
+from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
+from scale_ablation.records.run_files import FINISHED, RunFiles
+from scale_ablation.training import sharding
+from scale_ablation.training.optim import OptimizerSettings, make_optimizer
+from scale_ablation.training.run_config import (
+    SCHEDULE_FIELDS,
+    ConfigError,
+    ModelConfig,
+    changed_identity_fields,
+    validate,
+)
+from scale_ablation.training.steps import TrainState
+
+
+@dataclasses.dataclass
+class PreparedRun:
+    """A run ready to train: its state (restored when resuming), data and checkpoints."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    source: data_lib.DataSource
+    graphdef: Any
+    state: TrainState | None  # None once the loop has taken it
+    checkpoints: Checkpoints
+    batch_sharding: NamedSharding
+    previous: dict | None  # summary.json of an interrupted attempt
+    resume_step: int | None
+
+    @property
+    def optimizer(self) -> OptimizerSettings:
+        return OptimizerSettings.of(self.config)
+
+    def take_state(self) -> TrainState:
+        """The state, handed over once: the loop donates it to the first step."""
+        state, self.state = self.state, None
+        return state
+
+
+def init_state(config: ml_collections.ConfigDict, tx=None) -> tuple[Any, TrainState]:
+    """(graphdef, state) of a fresh run: parameters from `train.seed`, optimiser state, step 0.
+
+    One jitted program per model shape and optimiser builds the whole state (`_init_program`):
+    the seed, the learning rate and each layer's scalar-policy number are its inputs, so every
+    run of a sweep at one shape shares it. With an explicit `tx` the optimiser state is built
+    outside it.
+    """
+    model = ModelConfig.from_config(config)
+    settings = None if tx is not None else OptimizerSettings.of(config)
+    program = _init_program(_init_key(model), model, settings)
+    base_scales = np.asarray([policies.get(spec).base_scale(model.head_dim)
+                              for spec in model.layer_policies], np.float32)  # (layers,)
+    state = program(jnp.asarray(config.train.seed, jnp.int32),
+                    jnp.asarray(config.train.lr, jnp.float32), base_scales)
+    if tx is not None:
+        state["opt_state"] = tx.init(state["params"])
+    return model_graphdef(model), state
+
+
+def model_graphdef(model: ModelConfig) -> Any:
+    """The graphdef of `model`, traced abstractly: no parameter is allocated."""
+    abstract = nnx.eval_shape(lambda: build_model(model, nnx.Rngs(params=0)))
+    return nnx.split(abstract, nnx.Param, ...)[0]
+
+
+def _init_key(model: ModelConfig) -> tuple:
+    """What the init program depends on: the model but the numbers of its scalar policies
+    (equal `ScalePolicy`s without parameters initialise the same parameters; their numbers are
+    inputs). A policy with parameters of its own keeps its spec: they may start from it."""
+    layers = tuple(policy if policy.init_fn is _NO_POLICY_PARAMS else spec
+                   for spec, policy in ((s, policies.get(s)) for s in model.layer_policies))
+    return dataclasses.replace(model, layer_policies=()), layers
+
+
+_NO_POLICY_PARAMS = policies.ScalePolicy.__dataclass_fields__["init_fn"].default
+# XLA's algebraic simplifier folds a normal sample's √2 into the initialiser's std, which moves
+# the last bit of some parameters: without it the program gives the eager, op-by-op init's
+# parameters bit for bit (tests/test_init_program.py). It runs once per run: speed is moot.
+_EAGER_ROUNDING = {"xla_disable_hlo_passes": "algsimp"}
+_INIT_PROGRAMS: dict[tuple, Any] = {}
+_INIT_LOCK = threading.Lock()
+
+
+def _init_program(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
+    """(seed, lr, base_scales (layers,)) -> state, compiled once per key from the first `model`
+    of its key (the others differ only in the numbers it takes as inputs)."""
+    with _INIT_LOCK:  # `scale_ablation.training.ahead` builds programs in a thread of its own
+        return _init_program_locked(key, model, settings)
+
+
+def _init_program_locked(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
+    if (key, settings) not in _INIT_PROGRAMS:
+        tx = make_optimizer(settings) if settings is not None else None
+
+        def init(seed, lr, base_scales):
+            built = build_model(model, nnx.Rngs(params=jax.random.key(seed)))
+            for block, scale in zip(built.blocks, base_scales, strict=True):
+                block.attention.base_scale.set_value(scale)
+            _, params, rest = nnx.split(built, nnx.Param, ...)
+            return {"params": params, "rest": rest,
+                    "opt_state": tx.init(params) if tx is not None else None,
+                    "step": jnp.zeros((), jnp.int32), "lr": lr}
+
+        args = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32),
+                jax.ShapeDtypeStruct((model.num_layers,), jnp.float32))
+        _INIT_PROGRAMS[(key, settings)] = jax.jit(init).lower(*args).compile(
+            compiler_options=_EAGER_ROUNDING)
+    return _INIT_PROGRAMS[(key, settings)]
+
+
+def init_compilations() -> int:
+    """Init programs compiled so far by this process (one per model shape and optimiser)."""
+    return len(_INIT_PROGRAMS)
+
+
+def check_same_run(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
+    """Raise ConfigError if `workdir` holds a run whose identity fields differ from `config`'s."""
+    changed = changed_identity_fields(RunFiles(workdir).read_config() or {}, config.to_dict())
+    if changed:
+        raise ConfigError(f"workdir {os.fspath(workdir)} holds a run with a different config: "
+                          f"{', '.join(changed)} differ; use a new --workdir")
+
+
+def check_same_schedule(workdir: str | os.PathLike, config: ml_collections.ConfigDict,
+                        trained_to: int, *, extend: bool) -> None:
+    """Raise ConfigError if the run in `workdir`, trained to step `trained_to`, had another
+    schedule (`SCHEDULE_FIELDS`) and `extend` is off, or if an extension would end before
+    `trained_to`."""
+    old = RunFiles(workdir).read_config() or {}
+    changed = changed_identity_fields(old, config.to_dict(), SCHEDULE_FIELDS)
+    if not changed:
+        return
+    if not extend:
+        was = ", ".join(f"{field}={_lookup(old, field)} (now {_lookup(config.to_dict(), field)})"
+                        for field in changed)
+        raise ConfigError(f"workdir {os.fspath(workdir)} holds a run trained to step "
+                          f"{trained_to} with {was}: pass --extend to continue it with the new "
+                          "settings, or use a new --workdir")
+    if config.train.steps < trained_to:
+        raise ConfigError(f"--extend: train.steps={config.train.steps} is before step "
+                          f"{trained_to}, which the run in {os.fspath(workdir)} has reached")
+
+
+def _lookup(tree: dict, dotted: str) -> Any:
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def finished_summary(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+                     extend: bool = False) -> dict | None:
+    """summary.json of a finished run in `workdir` (checked to be this config's), else None.
+
+    A finished run with another schedule is refused (ConfigError) unless `extend`, in which
+    case it is no longer finished: None, and it trains on from its last checkpoint.
+    """
+    check_workdir(workdir)
+    summary = read_summary(workdir)
+    if summary and summary.get("status") in FINISHED:
+        check_same_run(workdir, config)
+        check_same_schedule(workdir, config, summary.get("steps_completed") or 0, extend=extend)
+        if not changed_identity_fields(RunFiles(workdir).read_config() or {}, config.to_dict(),
+                                       SCHEDULE_FIELDS):
+            return summary
+    return None
+
+
+def check_workdir(workdir: str | os.PathLike) -> None:
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"--workdir {os.fspath(workdir)} is a file, not a directory")
+
+
+def read_summary(workdir: str | os.PathLike) -> dict | None:
+    """The run's summary.json, None if none; ConfigError naming the file if it is damaged."""
+    try:
+        return RunFiles(workdir).read_summary() if os.path.isdir(workdir) else None
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+                       extend: bool = False) -> None:
+    """Every refusal that needs no JAX computation: the config, the workdir, the identity of a
+    run already there (config.json, checkpoint or not). Writes nothing, compiles nothing."""
+    validate(config)
+    check_workdir(workdir)
+    read_summary(workdir)
+    try:
+        if os.path.isfile(os.path.join(workdir, "config.json")):
+            _check_same_run_data_first(workdir, config)
+            saved = checkpoint_steps(workdir)
+            if saved:
+                check_same_schedule(workdir, config, max(saved), extend=extend)
+        Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir))
+    except ValueError as error:  # a damaged config.json or no intact checkpoint
+        raise ConfigError(str(error)) from None
+
+
+def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """check_same_run; a changed data source that cannot be opened at all is named as that
+    (the more useful line), which costs opening it only on this refusal path."""
+    try:
+        check_same_run(workdir, config)
+    except ConfigError:
+        data_lib.make_source(config.data, seed=config.train.seed)  # ValueError naming it
+        raise
+
+
+def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
+    """The steps of `workdir/checkpoints/<step>/`, read from the names alone (no orbax)."""
+    directory = os.path.join(workdir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return [int(name) for name in names if name.isdigit()]
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+            extend: bool = False) -> PreparedRun:
+    """The unfinished run in `workdir` ready to train (restored from its newest intact
+    checkpoint; damaged newer ones are moved aside with a warning).
+
+    Raises ConfigError, before any file in `workdir` is touched, for bad config or workdir, a
+    changed schedule without `extend`, or no intact checkpoint.
+    """
+    workdir = os.fspath(workdir)
+    check_before_start(config, workdir, extend=extend)
+    previous = read_summary(workdir)
+    try:
+        mesh = sharding.make_mesh(config.train.get("fsdp", 1))
+        source = data_lib.make_source(config.data, seed=config.train.seed)
+        graphdef, state = init_state(config)
+        state = jax.device_put(state, sharding.state_shardings(state, mesh))
+        checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep)
+        resume_step, state = checkpoints.restore_newest_intact(state)
+        if resume_step is not None:
+            # The learning rate lives in the state (traced); a resumed run uses the config's,
+            # so that config.json and the logged train/lr say what was used.
+            state["lr"] = jax.device_put(jnp.asarray(config.train.lr, jnp.float32),
+                                         state["lr"].sharding)
+    except (ValueError, CheckpointError) as error:
+        raise ConfigError(str(error)) from error
+    return PreparedRun(config, workdir, source, graphdef, state, checkpoints,
+                       sharding.batch_sharding(mesh), previous, resume_step)
+
+
+def to_device_batch(batch: data_lib.Batch, batch_sharding: NamedSharding) -> dict:
+    """Assemble the global batch from this process's rows (multi-host) and shard it."""
+    rows = {name: np.asarray(getattr(batch, name)) for name in ("inputs", "targets", "weights")}
+    if jax.process_count() == 1:  # the rows are the global batch: one transfer call for all
+        return jax.device_put(rows, batch_sharding)
+    return {name: jax.make_array_from_process_local_data(batch_sharding, local)
+            for name, local in rows.items()}

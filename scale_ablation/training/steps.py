@@ -1,0 +1,246 @@
+"""The pure, jitted programs of a run: train step, evaluation and attention diagnostics.
+
+The NNX functional style: the model is split once into (graphdef, params, rest) and merged
+inside each program, so the whole train state is a plain pytree that checkpoints, shards and
+stacks. `rest` holds non-trained state such as each layer's `ScaleValue`.
+
+One cache of compiled programs serves every run of a process: runs with the same graphdef,
+optimiser settings and z-loss (every scalar policy at one d_k, every seed and lr) share them,
+alone or as members of one ensemble.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from scale_ablation.model import diagnostics
+from scale_ablation.training.optim import OptimizerSettings, make_optimizer
+
+TrainState = dict[str, Any]  # {"params", "rest", "opt_state", "step", "lr"}
+# What a train step measures, in the order the loop's programs return it (`seeded`).
+TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/update_norm", "train/param_norm",
+                 "train/finite")
+
+
+def token_nll(logits, targets):
+    """Per-position next-byte loss (nats) and log Z, each (B, T)."""
+    log_z = jax.nn.logsumexp(logits, axis=-1)  # (B, T)
+    return log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0], log_z
+
+
+def cross_entropy(logits, targets, weights, z_loss: float):
+    """Weighted mean next-byte loss (nats) plus z_loss·mean(log Z²)."""
+    nll, log_z = token_nll(logits, targets)
+    total_weight = jnp.maximum(weights.sum(), 1.0)
+    loss = (nll * weights).sum() / total_weight
+    return loss, loss + z_loss * ((log_z**2) * weights).sum() / total_weight
+
+
+def make_loss(graphdef, z_loss: float) -> Callable:
+    """(params, state, batch, dropout_key) -> (loss with z-loss, loss): what a train step
+    differentiates with respect to `params` (`scale_ablation.nonfinite` replays it)."""
+
+    def loss_fn(params, state: TrainState, batch: dict, dropout_key):
+        model = nnx.merge(graphdef, params, state["rest"])
+        logits, _ = model(batch["inputs"], dropout_key=dropout_key)
+        return cross_entropy(logits, batch["targets"], batch["weights"], z_loss)[::-1]
+
+    return loss_fn
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
+    """(state, batch, dropout_key) -> (state, metrics), pure. A non-finite loss or gradient
+    leaves the state untouched, so a diverged run (or ensemble member) keeps its last good
+    parameters and its neighbours in a vmapped ensemble are unaffected."""
+    loss_fn = make_loss(graphdef, z_loss)
+
+    def train_step(state: TrainState, batch: dict, dropout_key):
+        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["params"], state, batch, dropout_key)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        updates = jax.tree.map(lambda u: u * state["lr"], updates)
+        params = optax.apply_updates(state["params"], updates)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
+        new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+        metrics = {
+            "train/loss": loss,
+            "train/grad_norm": grad_norm,
+            "train/update_norm": optax.global_norm(updates),
+            "train/param_norm": optax.global_norm(params),
+            "train/finite": finite,
+        }
+        return new_state, metrics
+
+    return train_step
+
+
+
+def make_eval_step(graphdef):
+    """(state, batch) -> summed loss, weight and correct predictions per position, each (T,)
+    summed over the batch: the caller averages over all positions or any range of them (the
+    positions beyond the training length) from one program per sequence length."""
+
+    def eval_step(state: TrainState, batch: dict):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+        logits, _ = model(batch["inputs"])
+        weights = batch["weights"]
+        nll, _ = token_nll(logits, batch["targets"])
+        correct = ((logits.argmax(-1) == batch["targets"]) * weights).sum(0)
+        return (nll * weights).sum(0), weights.sum(0), correct
+
+    return eval_step
+
+
+def make_diagnostics_step(graphdef):
+    """(state, batch) -> flat per-layer attention statistics from the reference path."""
+
+    def diagnostics_step(state: TrainState, batch: dict):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+        _, layer_stats = model(batch["inputs"], with_diagnostics=True)
+        out = {}
+        for index, stats in enumerate(layer_stats):
+            out.update(diagnostics.summarise_layer(stats, f"attn/layer{index}"))
+        return out
+
+    return diagnostics_step
+
+
+def dropout_key(seed: int | jax.Array, step: int | jax.Array) -> jax.Array:
+    """The dropout key of `step`: a function of (seed, step) only, so that a resumed run, or an
+    ensemble member (vmapped over `seed`), draws the masks its uninterrupted solo run draws."""
+    return jax.random.fold_in(jax.random.key(seed + 1), step)
+
+
+def seeded(step: Callable) -> Callable:
+    """The loop's form of a train step: (state, batch, seed) -> (state, metrics (M,)), M =
+    len(TRAIN_METRICS), float32 (`train/finite` as 0 or 1).
+
+    Each exchange between host and device is a round trip through the driver. Deriving the
+    dropout key on the device, from the seed and the state's step counter (the key the host's
+    `dropout_key(seed, step)` makes), and returning the metrics as one vector leave one batch
+    in and one vector out per step: on an H200 the loop's ~15 exchanges per step had left the
+    device idle 72% of the time
+    (benchmarks/results/gpu_check_NVIDIA_H200_2026-11-30_before.txt).
+    """
+
+    def train_step(state: TrainState, batch: dict, seed: jax.Array):
+        new_state, metrics = step(state, batch, dropout_key(seed, state["step"]))
+        return new_state, jnp.stack([metrics[name].astype(jnp.float32) for name in TRAIN_METRICS])
+
+    return train_step
+
+
+def chunked(step: Callable) -> Callable:
+    """A `seeded` step run n times in one program, n the batches' leading axis:
+    (state, batches (n, B, T), seed) -> (state, metrics (n, M)). After a non-finite step the
+    rest of the chunk leaves the state as it is, as the loop does by stopping the run there.
+    One dispatch for n steps: the host's cost of launching a step program (5.5 ms on an H200
+    host, more than the benchmark config's 4 ms on the device) is paid once per chunk."""
+    finite = TRAIN_METRICS.index("train/finite")
+
+    def train_step_chunk(state: TrainState, batches: dict, seed: jax.Array):
+        def one(carry, batch):
+            state, healthy = carry
+            new_state, metrics = step(state, batch, seed)
+            healthy = healthy & (metrics[finite] > 0)
+            state = jax.tree.map(lambda new, old: jnp.where(healthy, new, old), new_state, state)
+            return (state, healthy), metrics
+
+        (state, _), metrics = jax.lax.scan(one, (state, jnp.bool_(True)), batches)
+        return state, metrics
+
+    return train_step_chunk
+
+
+def over_members(step: Callable, backend: str) -> Callable:
+    """`step` over a leading member axis K. On a CPU the matmuls of one small model already
+    keep the cores busy and vmap's batched matmuls ran slower than K solo steps (0.7x for 8
+    tiny members, benchmarks/run.py `ensemble_detail`), while stepping the members in turn
+    inside one program ran 1.1x faster; accelerators want the one wide vmapped program."""
+    if backend == "cpu":
+        def train_step_members(states, batches, keys):  # named: compile logs count train steps
+            return jax.lax.map(lambda a: step(*a), (states, batches, keys))  # keys, or seeds
+
+        return train_step_members
+    return jax.vmap(step)
+
+
+@dataclasses.dataclass
+class Programs:
+    """The jitted programs of one (graphdef, optimiser settings, z_loss)."""
+
+    train: Callable  # (state, batch, seed) -> (state, metrics (M,)) (`seeded`); donates state
+    train_members: Callable  # the same over a leading member axis K (jit compiles once per K)
+    eval: Callable
+    diagnostics: Callable
+    # The same two without donation: the pipelined loop dispatches step N+1 while step N's
+    # hooks may still read state N (evaluation, checkpoints), so state N must outlive it.
+    train_kept: Callable
+    train_members_kept: Callable
+    seeded_step: Callable  # not jitted: what the chunk programs are built from
+    chunks: dict = dataclasses.field(default_factory=dict)  # (members > 1, donate) -> program
+
+    def train_program(self, members: int, donate: bool) -> Callable:
+        """The train step for `members` runs (1: solo), donating its input state or not."""
+        if members == 1:
+            return self.train if donate else self.train_kept
+        return self.train_members if donate else self.train_members_kept
+
+    def chunk_program(self, members: int, donate: bool) -> Callable:
+        """Several train steps in one program (`chunked`), for `members` runs: batches
+        (n, B, T), or (K, n, B, T); metrics (n, M), or (K, n, M). Compiled once per n."""
+        key = (members > 1, donate)
+        if key not in self.chunks:
+            program = chunked(self.seeded_step)
+            if members > 1:
+                program = over_members(program, jax.default_backend())
+            self.chunks[key] = jax.jit(program, donate_argnums=0 if donate else (),
+                                       compiler_options=compiler_options())
+        return self.chunks[key]
+
+
+_PROGRAMS: dict[tuple, Programs] = {}
+
+
+def compiler_options() -> dict:
+    """XLA options of the run's programs. On a CPU, LLVM's optimisation level 1 instead of 2:
+    14% less train-step compile time on a quick sweep (mostly compilation) and the same step
+    time, since the matmuls are library calls (2 cores, 2026-11-29: 10.1 s -> 8.6 s for three
+    train steps; base.py:cpu 98-100 ms -> 97-98 ms a step)."""
+    return {"xla_backend_optimization_level": 1} if jax.default_backend() == "cpu" else {}
+
+
+def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Programs:
+    """The shared programs for a model structure and optimiser, built on first use."""
+    key = (graphdef, settings, z_loss)
+    if key not in _PROGRAMS:
+        step = seeded(make_train_step(graphdef, make_optimizer(settings), z_loss))
+        members = over_members(step, jax.default_backend())
+        jit = functools.partial(jax.jit, compiler_options=compiler_options())
+        _PROGRAMS[key] = Programs(
+            train=jit(step, donate_argnums=0),
+            train_members=jit(members, donate_argnums=0),
+            eval=jit(make_eval_step(graphdef)),
+            diagnostics=jit(make_diagnostics_step(graphdef)),
+            train_kept=jit(step),
+            train_members_kept=jit(members),
+            seeded_step=step,
+        )
+    return _PROGRAMS[key]
+
+
+def train_step_compilations() -> int:
+    """Train-step programs (solo and ensemble) compiled so far by this process."""
+    return sum(program._cache_size() for p in _PROGRAMS.values()
+               for program in (p.train, p.train_members, p.train_kept, p.train_members_kept,
+                               *p.chunks.values()))
