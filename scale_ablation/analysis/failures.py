@@ -1,0 +1,192 @@
+"""The failure taxonomy of a training run, stated once: pure functions over its metrics rows.
+
+Rows are the lines of metrics.jsonl: dicts with a "step" and the metrics logged at it, e.g.
+"train/loss" (every log step), "val/loss" (every evaluation, nats per byte on LM tasks),
+"attn/layer{i}/entropy_normalised" and "attn/layer{i}/head{j}/entropy_normalised" (every
+diagnostics step), and "train/diverged" (1.0 on the row where the loop stopped a non-finite
+step). Missing keys and None values are skipped. `classify` returns every kind that applies, in
+the order of FAILURE_KINDS; an empty list means the run trains smoothly.
+
+- diverged: a logged non-finite train/loss or val/loss, a "train/diverged" row, or the run's
+  status (summary.json) "diverged". Non-finite values are left out of every other rule.
+- spiked: a training loss, at a step after warmup, above the trend of the run's own recent
+  losses by more than SPIKE_NOISE_FACTOR times its step-to-step noise and by at least
+  SPIKE_MIN_RISE nats. The trend is the median of the previous SPIKE_WINDOW logged losses
+  (warmup steps included), so it lags a descent (residuals are negative while the loss falls:
+  no false alarms on a fast but smooth descent), is unmoved by one outlier, and sees a jump
+  that does not come back down at its first step (a centred window would hide it). The noise
+  is 1.4826 × MAD / √2 of the first differences of the post-warmup losses: differencing removes
+  the slow trend, MAD ignores the spikes themselves, and for white noise of s.d. σ it estimates
+  σ. At 6σ a Gaussian residual (s.d. about 1.08σ against a 10-point median) exceeds the bound
+  with probability ~1e-8, so a run of thousands of logged steps raises no false alarm; minibatch
+  loss noise has heavier tails than that, which is what the margin is for. The absolute floor
+  keeps a solved task from spiking: an MQAR run recalling 99% of queries moves between losses of
+  0.02 and 0.06 (the last few errors), three times its minimum and nothing a researcher would
+  call an instability; 0.1 nats is ~4% of a text model's loss of 2-3 nats.
+- entropy_collapsed: the normalised attention entropy (entropy over log of the keys each query
+  sees, diagnostics.py) of any head below ENTROPY_COLLAPSE at a diagnostics step after warmup;
+  per-head keys when a row has them, else the per-layer means. 0.05 is the calibration on this
+  repo's summary.csv files (final layer-mean entropy of 524 LM runs): 88% of the runs that end
+  below 0.05 do no better than the bigram baseline, against 35% of those in [0.05, 0.1) and 14%
+  of those in [0.2, 0.3), a bin whose median loss (2.00 nats) is that of the runs above 0.4
+  (1.95-1.99) and which holds the lowest loss of all (1.69): a threshold of 0.3 would call some
+  of the best runs collapsed. At seq_len 128 a query of normalised entropy 0.05 spreads its
+  weight over exp(0.05 · ln 128) ≈ 1.3 keys: one-hot attention. The per-head rule is stricter
+  than the layer means it was calibrated on (a head is below its layer's mean), and a healthy
+  model may keep a sharp previous-token head; recalibrate on per-head rows when they are at
+  hand.
+- not_learning: the run's last finite validation loss is at or above the bigram baseline's loss
+  (same units): after all its training it predicts no better than counting byte pairs.
+- collapsed: instability.py's rule, kept: a validation loss, at an evaluation after warmup, at
+  or above (1 − COLLAPSE_MARGIN) times the unigram baseline loss and no lower than the previous
+  evaluation's: the run does no better than byte frequencies and has stopped improving (a run
+  still descending towards the baseline from its initial loss is slow, not collapsed).
+
+The baseline rules are skipped when the baseline is None (MQAR has no unigram or bigram loss).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+SPIKE_WINDOW = 10  # logged losses in the trailing median
+SPIKE_MIN_HISTORY = 3  # a trend needs at least this many earlier losses
+SPIKE_NOISE_FACTOR = 6.0  # residual above the trend, in robust noise units
+SPIKE_MIN_RISE = 0.1  # nats above the trend, whatever the noise
+ENTROPY_COLLAPSE = 0.05  # normalised attention entropy of a head
+COLLAPSE_MARGIN = 0.01  # relative: within 1% of the unigram loss counts as reaching it
+_MAD_TO_SD = 1.4826  # MAD × this estimates σ for Gaussian noise
+
+FAILURE_KINDS = ("diverged", "spiked", "entropy_collapsed", "not_learning", "collapsed")
+FAILURE_MEANINGS = {
+    "diverged": "a training or validation loss became non-finite (NaN or inf)",
+    "spiked": "the training loss jumped far above its recent trend after warmup",
+    "entropy_collapsed": "some attention head's weights became one-hot (normalised entropy "
+                         f"below {ENTROPY_COLLAPSE}) after warmup",
+    "not_learning": "the final validation loss is no better than the bigram baseline's",
+    "collapsed": "the validation loss rose back to the unigram baseline's and stopped improving",
+}
+
+_HEAD_ENTROPY = re.compile(r"attn/layer\d+/head\d+/entropy_normalised")
+_LAYER_ENTROPY = re.compile(r"attn/layer\d+/entropy_normalised")
+
+
+def _number(value: Any) -> float | None:
+    """A logged number as float; None for absent, None-valued or non-numeric entries."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def finite_series(rows: Iterable[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every row with a finite `key`."""
+    out = []
+    for row in rows:
+        value = _number(row.get(key))
+        if value is not None and math.isfinite(value):
+            out.append((int(row["step"]), value))
+    return out
+
+
+def diverged_step(rows: Iterable[Mapping[str, Any]]) -> int | None:
+    """The first step with a non-finite train/loss or val/loss, or a train/diverged flag."""
+    for row in rows:
+        losses = (_number(row.get(key)) for key in ("train/loss", "val/loss"))
+        if any(v is not None and not math.isfinite(v) for v in losses) or row.get(
+                "train/diverged"):
+            return int(row["step"])
+    return None
+
+
+def is_diverged(rows: Iterable[Mapping[str, Any]], status: str | None = None) -> bool:
+    return status == "diverged" or diverged_step(rows) is not None
+
+
+def step_noise(values: Sequence[float]) -> float:
+    """Robust s.d. of the point-to-point noise of a series: 1.4826 × MAD / √2 of its first
+    differences (0 with fewer than three differences)."""
+    diffs = [b - a for a, b in itertools.pairwise(values)]
+    if len(diffs) < 3:
+        return 0.0
+    centre = statistics.median(diffs)
+    return _MAD_TO_SD * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+
+
+def spike_step(losses: Sequence[tuple[int, float]], *, warmup_steps: int,
+               noise_factor: float = SPIKE_NOISE_FACTOR, min_rise: float = SPIKE_MIN_RISE,
+               window: int = SPIKE_WINDOW) -> int | None:
+    """The first step after warmup whose loss exceeds the median of the previous `window`
+    losses by more than noise_factor × step_noise (post-warmup) and by at least min_rise."""
+    series = [(s, v) for s, v in losses if math.isfinite(v)]
+    noise = step_noise([v for s, v in series if s > warmup_steps])
+    bound = max(noise_factor * noise, min_rise)
+    for i, (step, value) in enumerate(series):
+        if step <= warmup_steps or i < SPIKE_MIN_HISTORY:
+            continue
+        trend = statistics.median(v for _, v in series[max(0, i - window):i])
+        if value - trend > bound:
+            return step
+    return None
+
+
+def _entropies(row: Mapping[str, Any]) -> list[float]:
+    """Per-head normalised entropies of a row, or its per-layer ones if it has no head keys."""
+    heads = [row[k] for k in row if _HEAD_ENTROPY.fullmatch(k)]
+    values = heads or [row[k] for k in row if _LAYER_ENTROPY.fullmatch(k)]
+    return [v for v in map(_number, values) if v is not None and math.isfinite(v)]
+
+
+def entropy_collapse_step(rows: Iterable[Mapping[str, Any]], *, warmup_steps: int,
+                          threshold: float = ENTROPY_COLLAPSE) -> int | None:
+    """The first diagnostics step after warmup where some head's normalised entropy is below
+    `threshold`."""
+    for row in rows:
+        if int(row["step"]) > warmup_steps and any(v < threshold for v in _entropies(row)):
+            return int(row["step"])
+    return None
+
+
+def final_val_loss(rows: Iterable[Mapping[str, Any]]) -> float | None:
+    series = finite_series(rows, "val/loss")
+    return series[-1][1] if series else None
+
+
+def not_learning(rows: Iterable[Mapping[str, Any]], *, bigram_loss: float) -> bool:
+    """Whether the last finite validation loss is at or above the bigram baseline's."""
+    final = final_val_loss(rows)
+    return final is not None and final >= bigram_loss
+
+
+def collapse_step(rows: Iterable[Mapping[str, Any]], *, warmup_steps: int, unigram_loss: float,
+                  margin: float = COLLAPSE_MARGIN) -> int | None:
+    """The first evaluation after warmup at or above (1 − margin) × the unigram loss whose
+    value is no lower than the previous evaluation's."""
+    threshold = (1 - margin) * unigram_loss
+    previous = math.inf
+    for step, value in finite_series(rows, "val/loss"):
+        if step > warmup_steps and value >= threshold and value >= previous:
+            return step
+        previous = value
+    return None
+
+
+def classify(rows: Sequence[Mapping[str, Any]], *, warmup_steps: int,
+             unigram_loss: float | None, bigram_loss: float | None,
+             status: str | None = None) -> list[str]:
+    """Every failure kind of FAILURE_KINDS that applies to the run, in that order ([] = trains
+    smoothly). A None baseline skips the rule that needs it."""
+    found = {
+        "diverged": is_diverged(rows, status),
+        "spiked": spike_step(finite_series(rows, "train/loss"),
+                             warmup_steps=warmup_steps) is not None,
+        "entropy_collapsed": entropy_collapse_step(rows, warmup_steps=warmup_steps) is not None,
+        "not_learning": bigram_loss is not None and not_learning(rows, bigram_loss=bigram_loss),
+        "collapsed": unigram_loss is not None and collapse_step(
+            rows, warmup_steps=warmup_steps, unigram_loss=unigram_loss) is not None,
+    }
+    return [kind for kind in FAILURE_KINDS if found[kind]]
