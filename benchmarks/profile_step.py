@@ -22,8 +22,7 @@ import optax
 from flax import nnx
 
 from benchmarks import run as bench
-from scale_ablation.training import optim, runs, steps
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.training import optim, run_config, runs, steps
 
 
 def _fwd_bwd(module: nnx.Module, call, *inputs):
@@ -51,7 +50,7 @@ def parts(config) -> dict[str, tuple]:
     attention_flops = 3 * (2 * tokens_n * 4 * m.d_model * inner
                            + 2 * 2 * batch * m.num_heads * seq * seq * m.head_dim)
     mlp_flops = 3 * 2 * tokens_n * 2 * m.d_model * hidden
-    logits_flops = 3 * 2 * tokens_n * m.d_model * ModelConfig.from_config(config).vocab_size
+    logits_flops = 3 * 2 * tokens_n * m.d_model * run_config.model_config(config).vocab_size
 
     def embed_loss(model, _):
         h = model.embed(tokens)

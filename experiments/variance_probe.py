@@ -29,7 +29,7 @@ from scale_ablation.model import diagnostics, policies
 from scale_ablation.model.attention import apply_rotary, attend, causal_mask
 from scale_ablation.model.lm import build_model
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.training import run_config
 
 KIND = "probe"  # measures without training: `scale_ablation.main` calls run()
 
@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def measure(config: ml_collections.ConfigDict, tokens: np.ndarray) -> dict:
     """One grid point: the model's first attention layer at initialisation on `tokens` [B, T]."""
-    model = build_model(ModelConfig.from_config(config), nnx.Rngs(config.train.seed))
+    model = build_model(run_config.model_config(config), nnx.Rngs(config.train.seed))
     block, attention = model.blocks[0], model.blocks[0].attention
     batch, seq = tokens.shape
     x = model.embed(tokens)  # (B, T, C)

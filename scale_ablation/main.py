@@ -19,12 +19,12 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints
 from scale_ablation.records.checkpoints import CheckpointError
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import hooks, runs, runtime
-from scale_ablation.training.run_config import ConfigError
 from scale_ablation.training.train import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from absl import app, flags, logging
 
 from scale_ablation import report
+from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED, RunFiles
@@ -43,7 +44,7 @@ from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.ahead import Ahead
 from scale_ablation.training.compile_log import CompileLog
 from scale_ablation.training.progress import Progress
-from scale_ablation.training.run_config import ConfigError, validate
+from scale_ablation.training.run_config import validate
 from scale_ablation.training.train import train, train_runs
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from scale_ablation.model import attention, policies
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.model.spec import ModelConfig
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 7, 3, 16
 

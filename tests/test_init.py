@@ -1,3 +1,4 @@
+
 """Initialisation schemes (`model.init`): the std of every projection against its closed form, at
 a shape where the schemes differ (num_heads·head_dim != d_model, 3 layers), and the gpt2 model
 against the independent PyTorch reference in `benchmarks/reference_gpt2.py` (same weights, same
@@ -15,7 +16,7 @@ from flax import nnx
 
 from scale_ablation.model.lm import build_model
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.training import run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 D_MODEL, HEADS, HEAD_DIM, LAYERS, MLP = 64, 2, 96, 3, 4
@@ -24,7 +25,7 @@ INNER = HEADS * HEAD_DIM  # 192: fan_in, xavier and gpt2 all give different stds
 
 
 def model_of(config, rngs):
-    return build_model(ModelConfig.from_config(config), rngs)
+    return build_model(run_config.model_config(config), rngs)
 
 def config(init: str, **overrides):
     base = experiment.load_config(str(REPO / "experiments" / "base.py") + ":quick")

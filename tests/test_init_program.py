@@ -12,14 +12,13 @@ from flax import nnx
 from helpers import tiny_config
 
 from scale_ablation.model.lm import build_model
-from scale_ablation.training import runs
+from scale_ablation.training import run_config, runs
 from scale_ablation.training.optim import make_optimizer
-from scale_ablation.training.run_config import ModelConfig
 
 
 def eager_state(config) -> tuple:
     """The state built eagerly: the model's constructor runs op by op outside any jit."""
-    model = build_model(ModelConfig.from_config(config), nnx.Rngs(params=config.train.seed))
+    model = build_model(run_config.model_config(config), nnx.Rngs(params=config.train.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     return graphdef, {"params": params, "rest": rest,
                       "opt_state": make_optimizer(config).init(params),

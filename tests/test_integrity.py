@@ -22,11 +22,12 @@ from helpers import QUICK, REPO, read_json, snapshot, tiny_config
 from helpers import TINY_RUN as TINY
 
 from scale_ablation import report, sweep
+from scale_ablation.errors import ConfigError
 from scale_ablation.records import checkpoints, locking
 from scale_ablation.records.run_files import RunFiles
 from scale_ablation.training import ensemble, hooks, train
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training.run_config import ConfigError, validate
+from scale_ablation.training.run_config import validate
 
 ENV = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 # absl log lines (WARNING:absl:..., W0101 12:00:00.0 ...) are not the error report.

@@ -1,3 +1,4 @@
+
 """The language model: shapes, causality, per-layer policies, precision, init gain, bad fields.
 
 References are independent of `model.py`: a NumPy attention with the scale each policy should
@@ -15,7 +16,7 @@ from flax import nnx
 
 from scale_ablation.model.lm import build_model
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.training import run_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VOCAB = 256
@@ -36,7 +37,7 @@ def tiny_config(**overrides):
 
 
 def model_of(config, seed):
-    return build_model(ModelConfig.from_config(config), nnx.Rngs(params=seed))
+    return build_model(run_config.model_config(config), nnx.Rngs(params=seed))
 
 
 def make_forward(model):

@@ -1,3 +1,4 @@
+
 """MQAR as Zoology defines it: the sequences re-parsed and checked against the task's definition,
 the query-slot law against the stated power law, and model-free guessers at chance.
 
@@ -17,8 +18,10 @@ from helpers import tiny_config
 
 from scale_ablation.analysis import baselines
 from scale_ablation.data import sources as data
+from scale_ablation.errors import ConfigError
 from scale_ablation.model.lm import build_model
-from scale_ablation.training.run_config import ConfigError, ModelConfig, validate
+from scale_ablation.training import run_config
+from scale_ablation.training.run_config import validate
 
 
 def source(num_pairs: int = 8, vocab_size: int = 64, power_a: float = 0.01) -> data.MQAR:
@@ -85,10 +88,10 @@ def mqar_run(**data_fields):
 
 def test_the_model_vocabulary_follows_the_mqar_vocabulary():
     run = mqar_run(mqar_vocab_size=8192, mqar_num_pairs=4)
-    model = build_model(ModelConfig.from_config(run), nnx.Rngs(params=0))
+    model = build_model(run_config.model_config(run), nnx.Rngs(params=0))
     assert model.embed.embedding[...].shape == (8192, run.model.d_model)
     run.data.source = "shakespeare"
-    assert ModelConfig.from_config(run).vocab_size == data.VOCAB_SIZE == 256
+    assert run_config.model_config(run).vocab_size == data.VOCAB_SIZE == 256
 
 
 @pytest.mark.parametrize("field,value,problem", [

@@ -193,6 +193,7 @@ def test_scale_lr_multiplier_one_is_todays_optimiser(model_params):
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
 def test_scale_lr_multiplier_must_be_positive(value):
-    from scale_ablation.training.run_config import ConfigError, validate
+    from scale_ablation.errors import ConfigError
+    from scale_ablation.training.run_config import validate
     with pytest.raises(ConfigError, match=r"^train\.scale_lr_multiplier must be a positive"):
         validate(tiny_config(**{"train.scale_lr_multiplier": value}))

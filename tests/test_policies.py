@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from scale_ablation.model import attention, diagnostics, policies
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.model.spec import ModelConfig
 
 
 # Registered here so that the conformance suite below shows registration is all a new policy

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from helpers import read_json, snapshot
 
+from scale_ablation.errors import ConfigError
 from scale_ablation.records import wandb_offline
 from scale_ablation.records.checkpoints import Checkpoints
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import hooks, runs, train
-from scale_ablation.training.run_config import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"

@@ -21,7 +21,7 @@ from flax import nnx
 
 from scale_ablation.model import diagnostics
 from scale_ablation.model.policies import Params, ScaleContext, ScalePolicy
-from scale_ablation.training.run_config import INITS, ModelConfig
+from scale_ablation.model.spec import INITS, ModelConfig
 
 _WARNED: set[str] = set()
 

@@ -9,7 +9,7 @@ from flax import nnx
 from scale_ablation.model import policies
 from scale_ablation.model.attention import SelfAttention, gpt2_normal, kernel_init
 from scale_ablation.model.policies import ScalePolicy
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.model.spec import ModelConfig
 
 
 def make_norm(kind: str, d_model: int, dtype, rngs: nnx.Rngs) -> nnx.Module:

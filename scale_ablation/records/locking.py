@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 
-from scale_ablation.training.run_config import ConfigError
+from scale_ablation.errors import ConfigError
 
 LOCK_NAME = ".lock"
 

@@ -22,8 +22,8 @@ from absl import logging
 
 from scale_ablation.records import jsonfiles, wandb_offline
 from scale_ablation.records.redaction import scrub_secrets
-from scale_ablation.training.run_config import WANDB_MODES
 
+WANDB_MODES = ("auto", "online", "offline", "disabled")
 _DEFAULT_WANDB_HOST = "https://api.wandb.ai"
 # W&B servers (base URLs) that did not answer wandb.init in this process, with the error. A
 # server that timed out once is not waited for again: every later run of the process (a

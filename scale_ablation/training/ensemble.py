@@ -33,8 +33,8 @@ from jax.sharding import PartitionSpec as P
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
-from scale_ablation.training import runs, steps
-from scale_ablation.training.run_config import ModelConfig, validate
+from scale_ablation.training import run_config, runs, steps
+from scale_ablation.training.run_config import validate
 from scale_ablation.training.runs import PreparedRun
 from scale_ablation.training.steps import TrainState
 
@@ -53,7 +53,7 @@ def shared_config(config: ml_collections.ConfigDict) -> str:
 
 def _graphdef(config: ml_collections.ConfigDict):
     """The graphdef `runs.init_state` builds, traced abstractly: no parameter is allocated."""
-    return runs.model_graphdef(ModelConfig.from_config(config))
+    return runs.model_graphdef(run_config.model_config(config))
 
 
 def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Hashable | None:

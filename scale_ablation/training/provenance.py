@@ -12,7 +12,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from scale_ablation.training.run_config import ModelConfig
+from scale_ablation.model.spec import ModelConfig
+from scale_ablation.training import run_config
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")
 EMBEDDINGS = ("embed", "position_embed")  # top-level modules whose parameters are tables
@@ -43,7 +44,7 @@ def consumption(config: ml_collections.ConfigDict, counts: dict[str, int], steps
                 train_tokens: int | None) -> dict[str, Any]:
     """Tokens seen, passes over the training split (None for generated data) and FLOPs after
     `steps` steps, with the parameter counts."""
-    model = ModelConfig.from_config(config)
+    model = run_config.model_config(config)
     tokens = steps * config.train.batch_size * config.data.seq_len
     per_token = flops_per_token(model, counts["non_embedding_parameters"], config.data.seq_len)
     return {**counts, "tokens_seen": tokens,

@@ -1,4 +1,4 @@
-"""A run's settings: the whole config validated in one place, and the frozen `ModelConfig`.
+"""A run's settings: the whole config validated in one place, and its `ModelConfig` built.
 
 `validate(config)` is the one check every entry point (a run, a sweep's grid, an ensemble's
 grouping) makes before anything is written; it raises `ConfigError` with one line naming the
@@ -13,15 +13,12 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from scale_ablation.data import sources as data_lib
-from scale_ablation.model import policies
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-WANDB_MODES = ("auto", "online", "offline", "disabled")
-INITS = ("fan_in", "xavier", "gpt2")  # model.init: see attention.kernel_init
+from scale_ablation.errors import ConfigError
+from scale_ablation.model.spec import ModelConfig, choice
+from scale_ablation.records.wandb_tracker import WANDB_MODES
 
 # Fields that define what is trained on what: a resumed or skipped run must not change them.
 IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
@@ -31,87 +28,16 @@ IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "t
 SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
 
 
-class ConfigError(ValueError):
-    """User error in the config or workdir, reported as one line before anything is written."""
-
-
-def _choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{field} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Everything that shapes the model, under the config's names (`model.*`, plus the compute
-    dtype and one policy spec per layer). Frozen and hashable: equal configs build equal
-    graphdefs, which is what lets runs share compiled programs."""
-
-    d_model: int
-    num_layers: int
-    num_heads: int
-    head_dim: int
-    layer_policies: tuple[str, ...] = ()
-    mlp_ratio: int = 4
-    norm: str = "layernorm"
-    norm_position: str = "pre"
-    positions: str = "learned"
-    max_seq_len: int = 1024
-    init: str = "fan_in"
-    init_gain: float = 1.0
-    logits_dtype: str = "float32"
-    attention_dropout: float = 0.0
-    attention_impl: str = "reference"
-    dtype: str = "float32"
-    vocab_size: int = 256
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> ModelConfig:
-        """The model of a run config (raises ConfigError naming a bad field)."""
-        fields = {f.name for f in dataclasses.fields(cls)} - {"layer_policies", "dtype",
-                                                             "vocab_size"}
-        model = cls(**{name: config.model[name] for name in fields},
-                    layer_policies=tuple(layer_policy_specs(config)), dtype=config.train.dtype,
-                    vocab_size=data_lib.vocab_size(config.data))  # MQAR: its own ids
-        model.check()
-        return model
-
-    def check(self) -> None:
-        if min(self.head_dim, self.num_heads, self.d_model, self.num_layers) <= 0:
-            raise ConfigError("model.head_dim, num_heads, d_model and num_layers must be "
-                              f"positive, got {self.head_dim}, {self.num_heads}, {self.d_model}, "
-                              f"{self.num_layers}")
-        if self.positions == "rotary" and self.head_dim % 2:
-            raise ConfigError(f"model.positions=rotary needs an even model.head_dim, "
-                              f"got {self.head_dim}")
-        _choice("train.dtype", self.dtype, tuple(DTYPES))
-        _choice("model.logits_dtype", self.logits_dtype, ("float32", "activation"))
-        _choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
-        _choice("model.norm_position", self.norm_position, ("pre", "post"))
-        _choice("model.positions", self.positions, ("learned", "rotary"))
-        _choice("model.init", self.init, INITS)
-        _choice("model.attention_impl", self.attention_impl, ("reference", "fused"))
-        if len(self.layer_policies) != self.num_layers:
-            raise ConfigError(f"{len(self.layer_policies)} layer policies for "
-                              f"model.num_layers={self.num_layers}")
-        for spec in self.layer_policies:
-            policy = policies.get(spec)  # ValueError naming the policy
-            try:
-                scale = policy.base_scale(self.head_dim)
-            except (ArithmeticError, ValueError) as error:  # e.g. 1/ln(d_k) at d_k = 1
-                raise ConfigError(f"policy {spec!r} has no scale at model.head_dim="
-                                  f"{self.head_dim}: {error}") from None
-            if scale is not None and not math.isfinite(float(scale)):
-                raise ConfigError(f"policy {spec!r} gives scale {scale} at model.head_dim="
-                                  f"{self.head_dim}")
-
-    @property
-    def compute_dtype(self) -> Any:
-        return DTYPES[self.dtype]
-
-    @property
-    def attention_logits_dtype(self) -> Any:
-        """float32, or None: the activations' own dtype (the article's pitfall 3)."""
-        return jnp.float32 if self.logits_dtype == "float32" else None
+def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """The model of a run config (raises ConfigError naming a bad field)."""
+    derived = {"layer_policies", "dtype", "vocab_size"}  # not under config.model
+    fields = {f.name for f in dataclasses.fields(ModelConfig)} - derived
+    model = ModelConfig(**{name: config.model[name] for name in fields},
+                        layer_policies=tuple(layer_policy_specs(config)),
+                        dtype=config.train.dtype,
+                        vocab_size=data_lib.vocab_size(config.data))  # MQAR: its own ids
+    model.check()
+    return model
 
 
 def layer_policy_specs(config: ml_collections.ConfigDict) -> list[str]:
@@ -131,13 +57,13 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     """Check a whole run config; return its ModelConfig. Raises ConfigError naming the field."""
     try:
         _validate_train(config)
-        model = ModelConfig.from_config(config)
+        model = model_config(config)
     except ConfigError:
         raise
     except (ValueError, ZeroDivisionError, ArithmeticError) as error:
         raise ConfigError(str(error)) from None
     mode = config.get("wandb", {}).get("mode", "auto")
-    _choice("wandb.mode", mode, WANDB_MODES)
+    choice("wandb.mode", mode, WANDB_MODES)
     timeout = config.get("wandb", {}).get("init_timeout", 30.0)
     if not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ConfigError(f"wandb.init_timeout must be a positive number of seconds, "

@@ -19,19 +19,15 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from scale_ablation.data import sources as data_lib
+from scale_ablation.errors import ConfigError
 from scale_ablation.model import policies
 from scale_ablation.model.lm import build_model
+from scale_ablation.model.spec import ModelConfig
 from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
 from scale_ablation.records.run_files import FINISHED, RunFiles
-from scale_ablation.training import sharding
+from scale_ablation.training import run_config, sharding
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
-from scale_ablation.training.run_config import (
-    SCHEDULE_FIELDS,
-    ConfigError,
-    ModelConfig,
-    changed_identity_fields,
-    validate,
-)
+from scale_ablation.training.run_config import SCHEDULE_FIELDS, changed_identity_fields, validate
 from scale_ablation.training.steps import TrainState
 
 
@@ -67,7 +63,7 @@ def init_state(config: ml_collections.ConfigDict, tx=None) -> tuple[Any, TrainSt
     run of a sweep at one shape shares it. With an explicit `tx` the optimiser state is built
     outside it.
     """
-    model = ModelConfig.from_config(config)
+    model = run_config.model_config(config)
     settings = None if tx is not None else OptimizerSettings.of(config)
     program = _init_program(_init_key(model), model, settings)
     base_scales = np.asarray([policies.get(spec).base_scale(model.head_dim)
