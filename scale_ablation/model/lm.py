@@ -7,7 +7,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scale_ablation.model import policies
-from scale_ablation.model.attention import SelfAttention, gpt2_normal, kernel_init
+from scale_ablation.model.attention import SelfAttention
+from scale_ablation.model.initializers import gpt2_normal, kernel_init
 from scale_ablation.model.policies import ScalePolicy
 from scale_ablation.model.spec import ModelConfig
 
