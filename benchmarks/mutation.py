@@ -57,6 +57,7 @@ def mutation(name: str, area: str, why: str, file: str, original: str, replaceme
 
 
 ATT, POL, MODEL = "scale_ablation/model/attention.py", "scale_ablation/model/policies.py", "scale_ablation/model/lm.py"
+INIT = "scale_ablation/model/initializers.py"
 STEPS, OPTIM, DATA = "scale_ablation/training/steps.py", "scale_ablation/training/optim.py", "scale_ablation/data/sources.py"
 SHARD = "scale_ablation/training/sharding.py"
 FSDP_OFF = (SHARD, "        if fsdp > 1:\n", "        if False:\n")
@@ -96,7 +97,7 @@ MUTATIONS = [
              "q = apply_rotary(q, positions)",
              "tests/test_attention.py", "-k", "rotary"),
     # --------------------------------------------------------------- model
-    mutation("xavier_is_fan_in", "model", "model.init=xavier initialises fan_in", ATT,
+    mutation("xavier_is_fan_in", "model", "model.init=xavier initialises fan_in", INIT,
              'variance_scaling(gain**2, "fan_avg", "normal")',
              'variance_scaling(gain**2, "fan_in", "normal")',
              "tests/test_model.py", "-k", "init_gain"),
