@@ -21,16 +21,18 @@ import sys
 
 from absl import app, flags
 
-from scale_ablation.analysis import baselines, claims, instability
+from scale_ablation.analysis import baselines, failures
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import plots as report_plots
 from scale_ablation.analysis import tables as report_tables
+from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
 from scale_ablation.model import plugins
 from scale_ablation.records import metrics_rows as rm
 from scale_ablation.records.jsonfiles import read_json
 from scale_ablation.records.run_files import FINISHED, RunFiles
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker
+from scale_ablation.training import experiment_files as experiment
 
 
 def load_runs(sweep_dir: str) -> list[dict]:
@@ -50,7 +52,7 @@ def load_runs(sweep_dir: str) -> list[dict]:
             continue
         runs.append({"name": name, "overrides": overrides, "config": config,
                      "summary": files.read_summary() or {"status": "interrupted"},
-                     "metrics": files.read_metrics()})
+                     "metrics": files.read_result_metrics()})
     return runs
 
 
@@ -61,14 +63,25 @@ def _baselines(config: dict) -> dict[str, float]:
         return {}
 
 
-def _instability(run: dict, found: dict[str, float]) -> dict[str, int | None]:
-    """Spike and collapse steps found in the run's rows by today's definitions (`instability`),
-    so that every run of a report is judged alike; summary.json's fields keep what the training
-    loop found, by the definitions of its day, on the same rows."""
-    unigram = found.get("baseline_unigram_bpb")
-    return instability.instability_steps(
-        run["metrics"], warmup_steps=run["config"]["train"].get("warmup_steps", 0),
-        unigram_loss=None if unigram is None else baselines.bits_to_nats(unigram))
+def _failures(run: dict, found: dict[str, float]) -> dict:
+    """The failure taxonomy (`analysis.failures`) applied to the run's rows by today's rules, so
+    that every run of a report is judged alike; summary.json's fields keep what the training
+    loop found, by the rules of its day, on the same rows."""
+    def nats(key: str) -> float | None:
+        return None if found.get(key) is None else baselines.bits_to_nats(found[key])
+    warmup = run["config"]["train"].get("warmup_steps", 0)
+    steps = failures.failure_steps(run["metrics"], warmup_steps=warmup,
+                                   unigram_loss=nats("baseline_unigram_bpb"))
+    kinds = failures.classify(run["metrics"], warmup_steps=warmup,
+                              unigram_loss=nats("baseline_unigram_bpb"),
+                              bigram_loss=nats("baseline_bigram_bpb"),
+                              status=run["summary"].get("status"))
+    return {**steps, "failures": ";".join(kinds)}
+
+
+def _d_k(config: dict) -> int:
+    """The q/k width per head: `model.qk_dim` when it is set apart, else the head dim."""
+    return config["model"].get("qk_dim") or config["model"]["head_dim"]
 
 
 def summarise_run(run: dict) -> dict:
@@ -81,7 +94,7 @@ def summarise_run(run: dict) -> dict:
     return {
         "name": run["name"],
         "policy": config["policy"],
-        "d_k": config["model"]["head_dim"],
+        "d_k": _d_k(config),
         "lr": config["train"]["lr"],
         "seed": config["train"]["seed"],
         "task": "mqar" if config["data"]["source"] == "mqar" else "lm",
@@ -90,8 +103,9 @@ def summarise_run(run: dict) -> dict:
         "steps_completed": summary.get("steps_completed"),
         "final_val_bpb": summary.get("final_val_bpb"),
         "final_val_loss": summary.get("final_val_loss"),
+        "final_test_bpb": summary.get("final_test_bpb", summary.get("test/bpb")),
         "diverged_at_step": summary.get("diverged_at_step"),
-        **_instability(run, found),
+        **_failures(run, found),
         # What the run consumed (absent from runs recorded before these fields existed).
         **{field: summary.get(field) for field in ("parameters", "non_embedding_parameters",
                                                    "tokens_seen", "passes_over_data",
@@ -109,6 +123,16 @@ def summarise_run(run: dict) -> dict:
         **{f"final_{key}": value for key, value in last_eval.items()
            if key.startswith("val/") and key not in ("val/loss", "val/bpb")},
     }
+
+
+def load_claims(spec: str) -> list:
+    """The claims the experiment file of `spec` declares (none if it declares none, or if the
+    file is not where the sweep ran it from)."""
+    try:
+        module, arg = experiment.load_module(spec)
+    except ValueError:
+        return []
+    return list(module.claims(arg)) if hasattr(module, "claims") else []
 
 
 def _sweep_record(sweep_dir: str) -> dict:
@@ -154,8 +178,8 @@ def write_report(sweep_dir: str, reference: str | None = None) -> str:
     report_plots.write_plots(runs, rows, out)
     spec = _experiment_spec(sweep_dir)
     if spec is not None:
-        claims.write_claims(spec, sweep_dir, rows, os.path.join(out, "claims.md"),
-                            without_result=len(incomplete))
+        write_claims(load_claims(spec), spec, sweep_dir, rows, os.path.join(out, "claims.md"),
+                     without_result=len(incomplete))
     _log_to_wandb(sweep_dir, runs, header, rows)
     return out
 

@@ -10,6 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from scale_ablation.analysis import claims as c
+from scale_ablation.analysis import verdicts
 
 SEEDS = (0, 1, 2)
 
@@ -30,7 +31,7 @@ def learned_rows(factors: dict[int, tuple[float, ...]], lr: float = 1e-2,
 
 
 def verdict(rule, rows):
-    return c.judge(c.Claim("a claim", rule), rows)
+    return verdicts.judge(c.Claim("a claim", rule), rows)
 
 
 def geometric_ci(factors) -> tuple[float, float, float]:
@@ -134,7 +135,9 @@ def test_arms_compare_pairs_each_arm_with_the_reference_arm():
                         PRECISION[("float16", "float32", 0.3)])
     half = sps.t.ppf(0.975, 2) * diffs.std(ddof=1) / math.sqrt(3)
     (line,) = found.numbers
-    assert f"lr=0.3: Δ = {diffs.mean():.4f} ± {half:.4f} (n=3) → worse" in line
+    p = sps.ttest_1samp(diffs, 0.0).pvalue  # one test: Holm leaves it unchanged
+    assert (f"lr=0.3: Δ = {diffs.mean():.4f} ± {half:.4f} (n=3) on the validation split; "
+            f"p = {p:.3g}, Holm {p:.3g} → worse") in line
     assert "train.dtype" in rule.describe() and "LR >= 0.1" in rule.describe()
 
 
@@ -159,3 +162,92 @@ def test_arms_unstable_counts_divergence_per_arm():
     wide = verdict(arms(c.Unstable(("activation",), expect_unstable=True),
                         where=(("train.dtype", "float16"),)), rows)
     assert wide.verdict == "contradicted", wide
+
+
+# --------------------------------------------------------------------------- family, TOST, counts
+
+
+def _compare_rows(effects: dict[str, tuple[float, float]], noise=(0.01, -0.012, 0.004),
+                  n_lrs: int = 3) -> list:
+    """Each policy's runs over an interior LR grid (best at the middle): bpb = 3 + effect +
+    a per-seed noise shared by every policy + the policy's own jitter (+a, −a, 0) by seed, so
+    that its paired differences against the reference (jitter 0) have mean `effect` and a t
+    statistic of effect·√3/a."""
+    lrs = [1e-3 * 3 ** i for i in range(n_lrs)]
+    return [row(p, 32, lr, s, final_val_bpb=3 + effect + noise[s] + (a, -a, 0.0)[s]
+                + 0.3 * math.log(lr / lrs[n_lrs // 2]) ** 2)
+            for p, (effect, a) in effects.items() for lr in lrs for s in SEEDS]
+
+
+def _paired_p(rows, policy, reference="inv_sqrt_dk"):
+    best = {}
+    for p in (policy, reference):
+        by_lr = {}
+        for r in rows:
+            if r["policy"] == p:
+                by_lr.setdefault(r["lr"], []).append(r["final_val_bpb"])
+        best[p] = min(by_lr.values(), key=np.mean)
+    return sps.ttest_1samp(np.array(best[policy]) - np.array(best[reference]), 0.0).pvalue
+
+
+def test_holm_over_the_studys_family_decides_the_verdicts():
+    """Two weak 'worse' claims each survive alone (p < 0.05) but not Holm over the family."""
+    effects = {"inv_sqrt_dk": (0.0, 0.0), "none": (0.5, 0.01), "half": (0.0323, 0.01),
+               "third": (0.0277, 0.01)}
+    rows = _compare_rows(effects)
+    names = ("none", "half", "third")
+    claims = [c.Claim(p, c.Compare("worse", policies=(p,))) for p in names]
+    raw = np.array([_paired_p(rows, p) for p in names])
+    holm, running = np.empty(3), 0.0
+    for rank, i in enumerate(np.argsort(raw)):  # Holm's step-down, by hand
+        running = max(running, min(1.0, (3 - rank) * raw[i]))
+        holm[i] = running
+    family = verdicts.judge_family(claims, rows)
+    for i, verdict in enumerate(family):
+        expected = "supported" if holm[i] < 0.05 else "inconclusive"
+        assert verdict.verdict == expected, (i, raw, holm, verdict)
+        assert f"p = {raw[i]:.3g}, Holm {holm[i]:.3g}" in verdict.numbers[0]
+    assert (raw[1:] < 0.05).all() and (holm[1:] >= 0.05).all(), (raw, holm)
+    assert verdicts.judge(claims[1], rows).verdict == "supported"  # alone it would stand
+
+
+def test_equivalence_needs_tost_within_the_margin():
+    rows = _compare_rows({"inv_sqrt_dk": (0.0, 0.0), "twin": (0.001, 0.002)})
+    within = verdicts.judge(c.Claim("x", c.Compare("indistinguishable", policies=("twin",),
+                                                   margin=0.05)), rows)
+    assert within.verdict == "supported", within
+    best = [r["final_val_bpb"] for r in rows if r["lr"] == 3e-3]
+    twin, ref = np.array(best[:3]), np.array(best[3:])
+    diffs = ref - twin if rows[0]["policy"] == "twin" else twin - ref
+    p_tost = max(sps.ttest_1samp(diffs + 0.05, 0, alternative="greater").pvalue,
+                 sps.ttest_1samp(diffs - 0.05, 0, alternative="less").pvalue)
+    assert f"TOST ±0.05: p = {p_tost:.3g}" in within.numbers[0]
+    narrow = verdicts.judge(c.Claim("x", c.Compare("indistinguishable", policies=("twin",),
+                                                   margin=0.001)), rows)
+    assert narrow.verdict == "inconclusive", narrow  # indistinguishable, not shown equivalent
+
+
+def test_counts_use_fisher_and_wilson():
+    rows = [row("inv_sqrt_dk", 32, 1e-3, s, **{"final_val/accuracy": v})
+            for s, v in enumerate([0.99, 0.98, 0.97, 0.99, 0.96, 0.2])]
+    rows += [row("none", 32, 1e-3, s, **{"final_val/accuracy": 0.1}) for s in range(24)]
+    rows += [row(r["policy"], 32, 1e-2, r["seed"], **{"final_val/accuracy": 0.05})
+             for r in list(rows)]  # a second, worse LR: each is counted at its best
+    for r in rows:
+        r["task"] = "mqar"
+    found = verdicts.judge(c.Claim("x", c.Counts("worse", policies=("none",))), rows)
+    p = sps.fisher_exact([[0, 24], [5, 1]]).pvalue
+    low, high = sps.binomtest(0, 24).proportion_ci(method="wilson")
+    assert found.verdict == "supported", found
+    assert f"0 of 24 solved (95% Wilson {low:.2f}–{high:.2f})" in found.numbers[0]
+    assert f"Fisher p = {p:.3g}" in found.numbers[0]
+
+
+def test_a_sweep_that_cannot_support_a_verdict_says_so():
+    rows = [row(p, 32, 1e-3, 0, final_val_bpb=v, baseline_bigram_bpb=3.59)
+            for p, v in (("inv_sqrt_dk", 3.7), ("none", 3.9))]
+    caveats = verdicts.limits(rows)
+    assert any("one seed" in x for x in caveats) and any("one learning rate" in x for x in caveats)
+    assert any("no run learned" in x for x in caveats)
+    found = verdicts.judge(c.Claim("x", c.Unstable(("none",), expect_unstable=True)), rows)
+    assert found.verdict == "inconclusive"  # every run not_learning would otherwise 'support' it

@@ -58,19 +58,23 @@ def test_signal_at_rejects_a_bad_spec(spec):
         hooks.hooks_from_environment({hooks.SIGNAL_AT_ENV: spec})
 
 
-def test_instability_is_watched_as_rows_are_logged():
+def test_failures_are_watched_as_rows_are_logged():
+    """The taxonomy's rules (`analysis.failures`) on rows as they arrive: a loss jump at step 14
+    (a steady descent before it), the validation loss back at the unigram level at 18, and the
+    run's failure kinds in its summary at the last step."""
     config = tiny_config(**{"train.warmup_steps": 2})
-    watch = hooks.watch_instability(config)
+    watch = hooks.watch_failures(config)
     unigram_nats = baselines.bits_to_nats(baselines.baselines(config.to_dict())["unigram_bpb"])
     member = SimpleNamespace(summary_fields={}, start_step=0, trackers=SimpleNamespace(files=None))
-    logged = {  # step: row; a spike at 6 (3.0 > 1.5 x the best 1.9), a collapse at 8
-        2: {"train/loss": 2.5}, 4: {"train/loss": 1.9, "val/loss": 2.0}, 6: {"train/loss": 3.0},
-        8: {"train/loss": 2.0, "val/loss": unigram_nats + 0.1}, 10: {"train/loss": 4.0},
-    }
+    logged = {step: {"train/loss": 2.0 - 0.01 * step + 0.004 * (-1) ** (step // 2)}
+              for step in range(2, 22, 2)}
+    logged[14]["train/loss"] = 3.0
+    logged[10]["val/loss"], logged[18]["val/loss"] = 1.9, unigram_nats + 0.1
     for step, row in logged.items():
-        tick = hooks.Tick(step=step, last=step == 10, metrics={}, step_seconds=0.0, state=dict,
+        tick = hooks.Tick(step=step, last=step == 20, metrics={}, step_seconds=0.0, state=dict,
                           row=dict(row))
         watch.action(member, tick)
-        assert tick.row.get("train/spiked") == (1.0 if step == 6 else None)
-        assert tick.row.get("val/collapsed") == (1.0 if step == 8 else None)
-    assert member.summary_fields == {"spike_step": 6, "collapse_step": 8}
+        assert tick.row.get("train/spiked") == (1.0 if step == 14 else None), step
+        assert tick.row.get("val/collapsed") == (1.0 if step == 18 else None), step
+    assert member.summary_fields == {"spike_step": 14, "collapse_step": 18,
+                                     "failures": ["spiked", "not_learning", "collapsed"]}

@@ -18,7 +18,7 @@ from scipy import stats as sps
 
 from experiments import base
 from scale_ablation import report
-from scale_ablation.analysis import claims
+from scale_ablation.analysis import claims, verdicts
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import tables as report_tables
 from scale_ablation.records.run_files import RunFiles
@@ -125,11 +125,11 @@ def test_beyond_n_keys_stay_out_of_the_generic_tables(markdown):
 def test_the_claim_on_the_degradation_metric(rows):
     rule = claims.Compare("better", policies=("log_length",),
                           metric=f"final_val/bpb_degradation@{LENGTHS[-1]}")
-    verdict = claims.judge(claims.Claim("log-length degrades less", rule), rows)
+    verdict = verdicts.judge(claims.Claim("log-length degrades less", rule), rows)
     assert verdict.verdict == "supported", verdict
     worse = claims.Compare("worse", policies=("log_length",),
                            metric=f"final_val/bpb_degradation@{LENGTHS[-1]}")
-    assert claims.judge(claims.Claim("x", worse), rows).verdict == "contradicted"
+    assert verdicts.judge(claims.Claim("x", worse), rows).verdict == "contradicted"
 
 
 def test_no_section_without_longer_lengths(rows):

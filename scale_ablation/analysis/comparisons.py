@@ -42,6 +42,18 @@ def primary_metric(rows: list[dict]) -> tuple[str, bool]:
     return "final_val_bpb", False
 
 
+def report_metric(rows: list[dict], key: str) -> str:
+    """The key a comparison reports: the test split's counterpart of the validation `key`
+    (`final_val_bpb` -> `final_test_bpb`) when every finished run has it, else `key` itself.
+    The validation split chooses (best LR, best c); the disjoint test split reports, so that
+    the bytes that chose a setting do not also grade it."""
+    test_key = key.replace("final_val", "final_test", 1)
+    finished = [r for r in rows if finished_value(r, key) is not None]
+    if finished and all(finished_value(r, test_key) is not None for r in finished):
+        return test_key
+    return key
+
+
 def finished_value(row: dict, key: str) -> float | None:
     """The run's `key` if it completed with a finite value (diverged, failed and interrupted
     runs have no final value to average)."""
@@ -116,6 +128,8 @@ class Paired:
     lr: float | None  # None: each at its own best learning rate
     difference: stats.Estimate  # policy − reference over matched pairs
     decision: str
+    differences: tuple[float, ...] = ()  # the matched pairs' policy − reference, for tests
+    standing: frozenset[str] = frozenset(("better", "worse", "indistinguishable"))  # see below
 
 
 def paired_same_lr(rows: list[dict], reference: str, key: str,
@@ -159,9 +173,12 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
                 pair = (finished_value(r, key), finished_value(by_seed[r["seed"]], key))
                 groups[(b.setting, b.policy, b.d_k, None)].append(pair)
         standing[(b.setting, b.d_k)] = _standing(b, ref, same_metric=b.chosen_on == key)
-    return [p if p.decision in standing[(p.variant, p.d_k)] | {stats.TOO_FEW}
-            else dataclasses.replace(p, decision=AT_EDGE)
-            for p in _paired(groups, higher_is_better)]
+    out = []
+    for p in _paired(groups, higher_is_better):
+        stands = frozenset(standing[(p.variant, p.d_k)])
+        decision = p.decision if p.decision in stands | {stats.TOO_FEW} else AT_EDGE
+        out.append(dataclasses.replace(p, decision=decision, standing=stands))
+    return out
 
 
 def _standing(compared: BestLR, reference: BestLR, same_metric: bool) -> set[str]:
@@ -181,7 +198,8 @@ def _paired(groups: dict, higher_is_better: bool) -> list[Paired]:
             continue
         diff = stats.paired([v for v, _ in pairs], [r for _, r in pairs])
         decision = stats.decide(diff, higher_is_better=higher_is_better)
-        out.append(Paired(name, policy, d_k, lr, diff, decision))
+        out.append(Paired(name, policy, d_k, lr, diff, decision,
+                          differences=tuple(v - r for v, r in pairs)))
     return out
 
 

@@ -190,3 +190,39 @@ def classify(rows: Sequence[Mapping[str, Any]], *, warmup_steps: int,
             rows, warmup_steps=warmup_steps, unigram_loss=unigram_loss) is not None,
     }
     return [kind for kind in FAILURE_KINDS if found[kind]]
+
+
+def row_failures(row: Mapping[str, Any]) -> list[str]:
+    """The failure kinds of a report row (`report.summarise_run`, or a published summary.csv
+    line): its `failures` field when it has one (";"-joined in a CSV), else the kinds read from
+    the row's own fields by the same thresholds: status, spike and collapse steps, the final
+    layer-mean normalised entropy (a CSV has no per-head rows, so the layer mean stands in) and
+    the final bits per byte against the bigram baseline's."""
+    recorded = row.get("failures")
+    if isinstance(recorded, str):
+        return [kind for kind in recorded.split(";") if kind]
+    if isinstance(recorded, (list, tuple)):
+        return list(recorded)
+    entropy = _number(row.get("final_entropy_normalised"))
+    final, bigram = _number(row.get("final_val_bpb")), _number(row.get("baseline_bigram_bpb"))
+    found = {
+        "diverged": row.get("status") == "diverged",
+        "spiked": _number(row.get("spike_step")) is not None,
+        "entropy_collapsed": _number(row.get("entropy_collapse_step")) is not None
+        or (entropy is not None and entropy < ENTROPY_COLLAPSE),
+        "not_learning": final is not None and bigram is not None and final >= bigram,
+        "collapsed": _number(row.get("collapse_step")) is not None,
+    }
+    return [kind for kind in FAILURE_KINDS if found[kind]]
+
+
+def failure_steps(rows: Sequence[Mapping[str, Any]], *, warmup_steps: int,
+                  unigram_loss: float | None) -> dict[str, int | None]:
+    """The first step of each failure that has one, for summary.json and the report:
+    {"spike_step", "entropy_collapse_step", "collapse_step"} (None: not seen)."""
+    return {
+        "spike_step": spike_step(finite_series(rows, "train/loss"), warmup_steps=warmup_steps),
+        "entropy_collapse_step": entropy_collapse_step(rows, warmup_steps=warmup_steps),
+        "collapse_step": None if unigram_loss is None else collapse_step(
+            rows, warmup_steps=warmup_steps, unigram_loss=unigram_loss),
+    }

@@ -5,6 +5,7 @@ They are written whatever the W&B mode, by plain Python, and the report reads on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,9 +24,18 @@ SUMMARY_FIELDS = (
     "final_train_loss",
     "final_val_loss",
     "final_val_bpb",
+    # The test split (`data/heldout.py`), scored once on a completed run's final state; null
+    # otherwise. Validation chooses the LR and the steps, the test reports: `test_targets`
+    # counts the positions scored (bytes, or MQAR's queries).
+    "test_loss",
+    "test_bpb",
+    "test_accuracy",
+    "test_targets",
     "diverged_at_step",
-    "spike_step",  # first loss spike, `instability.spike_step` (null: none)
-    "collapse_step",  # first collapse to the unigram loss, `instability.collapse_step`
+    "spike_step",  # first loss spike (`analysis.failures`; null: none)
+    "entropy_collapse_step",  # first one-hot attention head after warmup (`analysis.failures`)
+    "collapse_step",  # first collapse to the unigram loss (`analysis.failures`)
+    "failures",  # every failure kind of the run (`analysis.failures.FAILURE_KINDS`; []: none)
     "wall_seconds",
     "tokens_per_second",
     # What the run consumed and what reproduces it (`provenance`).
@@ -37,6 +47,44 @@ SUMMARY_FIELDS = (
     "environment",  # package versions, git commit and dirty flag, device kind and count
     "wandb_run_id",
 )
+# What a user can do about a damaged metrics.jsonl.
+_REMEDY = ("rerun the run's command to recompute its rows from its newest checkpoint whose rows "
+           "are intact, or move the run aside")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsScan:
+    """metrics.jsonl read line by line: the intact rows before the first damaged line.
+
+    A row is intact when its line is a JSON object with an integer "step" no smaller than the
+    row before's, ended by a newline (rows are written whole, one per line, newline last:
+    a line without one was cut off by a kill or a full disk).
+    """
+
+    rows: list[dict[str, Any]]
+    damage: str | None  # "PATH:LINE: why" of the first damaged line, None if there is none
+    torn_tail: bool = False  # the damage is the last line, cut off mid-write
+
+    @property
+    def last_step(self) -> int | None:
+        return self.rows[-1]["step"] if self.rows else None
+
+    def count_through(self, step: int) -> int:
+        return sum(1 for row in self.rows if row["step"] <= step)
+
+
+def _row_damage(line: bytes, previous_step: int | None) -> str | None:
+    """Why one newline-terminated line of metrics.jsonl is not an intact row, or None."""
+    try:
+        row = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"damaged line (not JSON: {error})"
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return "damaged line (not a row: no integer step)"
+    if previous_step is not None and step < previous_step:
+        return f"damaged line (step {step} after step {previous_step})"
+    return None
 
 
 class RunFiles:
@@ -87,33 +135,66 @@ class RunFiles:
             f.seek(0)
             f.truncate(f.read().rfind(b"\n") + 1)
 
-    def read_metrics(self) -> list[dict[str, Any]]:
-        """All logged rows in order; a truncated last line (killed process) is skipped.
-
-        A damaged line elsewhere raises ValueError: that is corruption, not a kill.
-        """
+    def scan_metrics(self) -> MetricsScan:
+        """The rows before the first damaged line, and that line's description if any."""
         try:
-            lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+            data = self.metrics_path.read_bytes()
         except FileNotFoundError:
-            return []
-        rows = []
+            return MetricsScan([], None)
+        *lines, tail = data.split(b"\n")
+        rows: list[dict[str, Any]] = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                if number == len(lines):
-                    break
-                raise ValueError(f"{self.metrics_path}:{number}: damaged line: {error}") from None
-        return rows
+            reason = _row_damage(line, rows[-1]["step"] if rows else None)
+            if reason is not None:
+                return MetricsScan(rows, f"{self.metrics_path}:{number}: {reason}")
+            rows.append(json.loads(line))
+        if tail.strip():  # every row ends with its newline: without one the write was cut off
+            return MetricsScan(rows, f"{self.metrics_path}:{len(lines) + 1}: torn last line (no "
+                                     "newline: its write was cut off)", torn_tail=True)
+        return MetricsScan(rows, None)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """All logged rows in order; a torn last line (a process killed mid-write) is skipped.
+
+        A damaged line elsewhere raises ValueError naming it: that is corruption, not a kill.
+        """
+        scan = self.scan_metrics()
+        if scan.damage is not None and not scan.torn_tail:
+            raise ValueError(f"{scan.damage}; {_REMEDY}")
+        return scan.rows
+
+    def read_result_metrics(self) -> list[dict[str, Any]]:
+        """The rows of a run as a result (the report's reading): `read_metrics`, and for a
+        finished run (summary.json) no torn line and rows up to the step its summary says it
+        reached (a completed run logs its last step, a diverged one the step that diverged).
+        Raises ValueError naming the file otherwise: a report would print wrong "final" values.
+        """
+        summary = self.read_summary() or {}
+        if summary.get("status") not in FINISHED:
+            return self.read_metrics()
+        scan = self.scan_metrics()
+        if scan.damage is not None:
+            raise ValueError(f"{scan.damage}; {_REMEDY}")
+        reached, last = summary.get("steps_completed") or 0, scan.last_step
+        if last is None or last < reached:
+            raise ValueError(f"{self.metrics_path}: its rows end at step {last}, before step "
+                             f"{reached} that summary.json says the run reached; {_REMEDY}")
+        return scan.rows
+
+    def count_rows_through(self, step: int) -> int:
+        """Rows logged at steps <= `step` (what a checkpoint at `step` records)."""
+        return self.scan_metrics().count_through(step)
 
     def truncate_metrics_after(self, step: int) -> list[dict[str, Any]]:
-        """Drops rows after `step`, so a run resumed from a checkpoint at `step` has no
-        duplicates; returns the rows kept."""
+        """Drops rows after `step` (and any damaged line with what follows it), so a run
+        resumed from a checkpoint at `step` has no duplicates; returns the rows kept. The
+        caller has checked that the rows through `step` are intact
+        (`checkpoints.Checkpoints.rows_damage`)."""
         if not self.metrics_path.exists():
             return []
-        rows = [row for row in self.read_metrics() if row["step"] <= step]
+        rows = [row for row in self.scan_metrics().rows if row["step"] <= step]
         text = "".join(jsonfiles.json_line(row) + "\n" for row in rows)
         jsonfiles.write_text_atomic(self.metrics_path, text)
         self._tail_checked = True

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from scale_ablation.analysis import baselines, instability
+from scale_ablation.analysis import baselines, failures
 from scale_ablation.training.loop import Member, Periodic, Tick
 
 
@@ -41,31 +41,49 @@ def evaluate(member: Member, tick: Tick) -> None:
     tick.row.update(member.evaluate(tick.state()))
 
 
+def evaluate_test(member: Member, tick: Tick) -> None:
+    """The test split, once, at the run's last step (validation chooses, the test reports)."""
+    tick.row.update(member.evaluate_test(tick.state()))
+
+
 def diagnose(member: Member, tick: Tick) -> None:
     tick.row.update(member.evaluator.diagnose(tick.state()))
 
 
-def watch_instability(config: ml_collections.ConfigDict) -> Periodic:
-    """Loss spikes and collapse (`instability`) found on the rows as they are logged: the first
-    step of each goes into summary.json and W&B (`spike_step`, `collapse_step`), and the row
-    where it is found gets `train/spiked` or `val/collapsed`."""
+def _watched(row: dict) -> dict:
+    """The parts of a row the failure rules read: losses and normalised attention entropies."""
+    return {k: v for k, v in row.items()
+            if k in ("train/loss", "val/loss") or k.endswith("entropy_normalised")}
+
+
+def watch_failures(config: ml_collections.ConfigDict) -> Periodic:
+    """The failure taxonomy (`analysis.failures`) applied to the rows as they are logged: the
+    first step of a spike, an entropy collapse and a collapse go into summary.json and W&B as
+    soon as they are seen (the row gets `train/spiked`, `attn/entropy_collapsed` or
+    `val/collapsed`), and at the last step the run's failure kinds (`failures`, empty when it
+    trains smoothly) join its summary."""
     base = baselines.baselines(config.to_dict())
-    unigram = (baselines.bits_to_nats(base["unigram_bpb"]) if "unigram_bpb" in base else None)
+    unigram = baselines.bits_to_nats(base["unigram_bpb"]) if "unigram_bpb" in base else None
+    bigram = baselines.bits_to_nats(base["bigram_bpb"]) if "bigram_bpb" in base else None
+    warmup = config.train.warmup_steps
+    marks = (("spike_step", "train/spiked"), ("entropy_collapse_step", "attn/entropy_collapsed"),
+             ("collapse_step", "val/collapsed"))
     rows: list[dict] = []
 
     def watch(member: Member, tick: Tick) -> None:
-        if "train/loss" not in tick.row and "val/loss" not in tick.row:
-            return
         if not rows and member.start_step and member.trackers.files is not None:
-            rows.extend(member.trackers.files.read_metrics())  # a resumed run's history
-        rows.append({"step": tick.step, **{k: tick.row[k] for k in ("train/loss", "val/loss")
-                                           if k in tick.row}})
-        found = instability.instability_steps(rows, warmup_steps=config.train.warmup_steps,
-                                              unigram_loss=unigram)
-        for field, metric in (("spike_step", "train/spiked"), ("collapse_step", "val/collapsed")):
-            if found[field] is not None and member.summary_fields.get(field) is None:
-                member.summary_fields[field] = found[field]
-                tick.row[metric] = 1.0
+            rows.extend(_watched(r) | {"step": r["step"]}
+                        for r in member.trackers.files.read_metrics())  # a resumed run's
+        if watched := _watched(tick.row):
+            rows.append({"step": tick.step, **watched})
+            found = failures.failure_steps(rows, warmup_steps=warmup, unigram_loss=unigram)
+            for field, metric in marks:
+                if found[field] is not None and member.summary_fields.get(field) is None:
+                    member.summary_fields[field] = found[field]
+                    tick.row[metric] = 1.0
+        if tick.last:
+            member.summary_fields["failures"] = failures.classify(
+                rows, warmup_steps=warmup, unigram_loss=unigram, bigram_loss=bigram)
 
     return Periodic(1, watch, reads_state=False)
 
@@ -100,8 +118,9 @@ def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] =
     return [
         Periodic(t.log_every, log_train_metrics, reads_state=False),
         Periodic(t.eval_every or t.steps, evaluate),
+        Periodic(t.steps, evaluate_test),  # due at the last step only
         Periodic(t.diag_every, diagnose),
-        watch_instability(config),
+        watch_failures(config),
         *(hook for hook in extra if not hook.after_step_work),
         Periodic(1, write_row, reads_state=False),
         Periodic(t.log_every if progress else 0, print_progress, at_last=False,

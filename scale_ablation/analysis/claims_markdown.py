@@ -1,0 +1,37 @@
+"""claims.md: each declared claim with its rule, its computed verdict and the numbers behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scale_ablation.analysis import verdicts
+from scale_ablation.analysis.claims import Claim
+
+
+def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: list[dict],
+                 path: str, without_result: int = 0) -> bool:
+    """Write claims.md for the experiment's claims; False (nothing written) when it has none.
+    `without_result`: the sweep's runs with no result yet, said at the top, since the verdicts
+    rest on the others."""
+    if not declared:
+        return False
+    lines = [f"# Claims tested by `{spec}`", "",
+             f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}`",
+             "", "Verdicts are computed by scale_ablation/analysis/verdicts.py from the runs' "
+             "files; every test of this study is one family, Holm-corrected.", ""]
+    if without_result:
+        lines += [f"**{without_result} of the sweep's runs have no result yet (summary.md lists "
+                  "them): these verdicts rest on the runs that finished.**", ""]
+    caveats = verdicts.limits(rows)
+    if caveats:
+        lines += ["**This sweep cannot support a verdict:** " + "; ".join(caveats) + ".", ""]
+    for i, (claim, verdict) in enumerate(zip(declared, verdicts.judge_family(declared, rows),
+                                             strict=True), 1):
+        head = f"Verdict ({'; '.join(caveats)})" if caveats else "Verdict"
+        lines += [f"## {i}. {claim.text}" + (f" ({claim.source})" if claim.source else ""), "",
+                  f"Rule: {claim.rule.describe()}.", "",
+                  f"{head}: **{verdict.verdict}**: {verdict.reason}.", ""]
+        lines += [f"- {n}" for n in verdict.numbers] + [""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return True

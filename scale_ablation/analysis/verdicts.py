@@ -1,0 +1,323 @@
+"""Verdicts of a study's claims (`claims.py` declares them), computed from its run rows.
+
+The rules, stated once:
+
+- **One family per study.** Every hypothesis test that the claims of one experiment file make
+  (each paired difference, each equivalence test, each count comparison) is one family, and
+  Holm's step-down correction at ALPHA is applied over all of them (`significance.holm`). Both
+  p-values are printed; decisions use the adjusted one.
+- **Differences** ("better"/"worse"): a two-sided paired t-test on the per-seed differences
+  policy − reference. Decided when the adjusted p < ALPHA, in the direction of the mean.
+- **Equivalence** (a claim of "no difference", `Compare("indistinguishable")`): two one-sided
+  t-tests (TOST) against ±margin, the claim's `margin` or else the study's noise floor (the
+  median seed-to-seed standard deviation of the reference's final metric). "equivalent" when the
+  adjusted TOST p < ALPHA; a difference decided by the difference test contradicts the claim;
+  anything else (a CI too wide to tell) is inconclusive. "Indistinguishable" alone never
+  supports a claim of no difference.
+- **Counts** (`Counts`): a run is a success when its metric reaches the claim's threshold;
+  solved fractions with Wilson intervals, and Fisher's exact test against the reference.
+- **Choose on validation, report on test**: best learning rates are chosen on the validation
+  metric, and comparisons use the test split's metric when every finished run has one
+  (`comparisons.report_metric`); the numbers say which split they come from.
+- **Trains smoothly** (`Unstable`): a learning rate at which every run completed with none of
+  the failure kinds of `failures.py` (diverged, spiked, entropy collapse, not learning,
+  collapsed).
+- **What a sweep cannot support** (`limits`): one seed per setting (no CI, no test), one
+  learning rate per setting (no policy at its own best LR), or runs that did not learn (the best
+  run is not LEARNED_MARGIN bits per byte below the bigram baseline): each is said at the head
+  of every verdict, and a verdict that such a sweep cannot support is "inconclusive".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import failures, significance, stats
+from scale_ablation.analysis.claims import (
+    OPPOSITE,
+    Arms,
+    Band,
+    Claim,
+    Compare,
+    Counts,
+    Unstable,
+    Verdict,
+)
+from scale_ablation.analysis.verdict_bands import judge_band
+
+ALPHA = significance.ALPHA
+LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned beyond counting
+EQUIVALENT = "equivalent"
+
+
+def limits(rows: list[dict]) -> list[str]:
+    """What this sweep's design cannot support, computed from its rows (empty: nothing)."""
+    out = []
+    seeds: dict = defaultdict(set)
+    for r in rows:
+        seeds[(cmp.variant(r), r["d_k"])].add(r["seed"])
+    if seeds and max(len(s) for s in seeds.values()) < 2:
+        out.append("one seed per setting: no confidence interval and no test can be formed")
+    if rows and not cmp.has_lr_grid(rows):
+        out.append("one learning rate per setting: no policy is compared at its own best LR")
+    bigram = [r["baseline_bigram_bpb"] for r in rows if r.get("baseline_bigram_bpb") is not None]
+    values = [v for r in rows if (v := cmp.finished_value(r, "final_val_bpb")) is not None]
+    if bigram and values and min(values) > min(bigram) - LEARNED_MARGIN:
+        out.append(f"no run learned: the best ends at {min(values):.3f} bits per byte, not "
+                   f"{LEARNED_MARGIN} below the bigram baseline's {min(bigram):.3f}")
+    return out
+
+
+# --------------------------------------------------------------------------- one family of tests
+
+
+class _Test:
+    """One hypothesis test of the family: its raw p-value, and the adjusted one once known."""
+
+    def __init__(self, p: float) -> None:
+        self.p, self.adjusted = p, math.nan
+
+
+def _adjust(tests: Sequence[_Test]) -> None:
+    for test, adjusted in zip(tests, significance.holm([t.p for t in tests]), strict=True):
+        test.adjusted = adjusted
+
+
+def _direction(pair: cmp.Paired, higher_is_better: bool) -> str:
+    lower = pair.difference.mean < 0
+    return "better" if lower != higher_is_better else "worse"
+
+
+def _p_text(test: _Test) -> str:
+    return "p n/a" if math.isnan(test.p) else f"p = {test.p:.3g}, Holm {test.adjusted:.3g}"
+
+
+class _Comparison:
+    """A Compare rule's paired differences and their tests, decided after the family's Holm."""
+
+    def __init__(self, rule: Compare, rows: list[dict], margin: float | None) -> None:
+        rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
+        self.rule, self.margin = rule, margin
+        self.pairs, self.higher, self.split = _pairs(rule, rows)
+        self.differ = [_Test(significance.paired_t_p(p.differences)) for p in self.pairs]
+        equivalence = rule.expect == "indistinguishable" and margin is not None
+        self.same = [_Test(significance.tost_p(p.differences, margin) if equivalence
+                           and len(p.differences) >= 2 else math.nan) for p in self.pairs]
+
+    def tests(self) -> list[_Test]:
+        testable = self.rule.expect == "indistinguishable"
+        return [t for t in (*self.differ, *(self.same if testable else ())) if not math.isnan(t.p)]
+
+    def decision(self, i: int) -> str:
+        pair = self.pairs[i]
+        if pair.decision == stats.TOO_FEW or len(pair.differences) < 2:
+            return stats.TOO_FEW
+        if self.differ[i].adjusted < ALPHA:
+            decided = _direction(pair, self.higher)
+        elif self.same[i].adjusted < ALPHA:
+            decided = EQUIVALENT
+        else:
+            decided = "indistinguishable"
+        stands = decided in pair.standing or (decided == EQUIVALENT
+                                              and "indistinguishable" in pair.standing)
+        return decided if stands else cmp.AT_EDGE
+
+    def verdict(self, caveats: list[str]) -> Verdict:
+        numbers = tuple(self._line(i) for i in range(len(self.pairs)))
+        if not self.pairs:
+            return Verdict("inconclusive", "no runs to compare (missing policies, seeds or LR "
+                           "grid)", numbers)
+        decisions = [self.decision(i) for i in range(len(self.pairs))]
+        expected = EQUIVALENT if self.rule.expect == "indistinguishable" else self.rule.expect
+        named = lambda which: "; ".join(  # noqa: E731
+            f"{p.variant} d_k={p.d_k}: {d}" for p, d in zip(self.pairs, decisions, strict=True)
+            if d in which)
+        if against := named(OPPOSITE[self.rule.expect]):
+            return Verdict("contradicted", f"decided against the claim: {against}", numbers)
+        if caveats or any(d != expected for d in decisions):
+            unresolved = named({d for d in decisions if d != expected})
+            return Verdict("inconclusive", "not resolved by the data"
+                           + (f": {unresolved}" if unresolved else ""), numbers)
+        return Verdict("supported", f"all {len(decisions)} comparisons are {expected}", numbers)
+
+    def _line(self, i: int) -> str:
+        p = self.pairs[i]
+        where = "" if p.lr is None else f", lr={p.lr:.3g}"
+        tost = ""
+        if self.rule.expect == "indistinguishable":
+            margin = "no margin" if self.margin is None else f"±{self.margin:.3g}"
+            tost = f"; TOST {margin}: {_p_text(self.same[i])}"
+        return (f"{p.variant}, d_k={p.d_k}{where}: Δ = {p.difference.format(4)} on "
+                f"{self.split}; {_p_text(self.differ[i])}{tost} → {self.decision(i)}")
+
+
+def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str]:
+    """The rule's paired comparisons, whether higher is better, and the split they report."""
+    key, higher = cmp.primary_metric(rows)
+    if rule.log10 and rule.metric not in ("primary", "lr_sensitivity"):
+        rows = cmp.log10_rows(rows, rule.metric)
+    if rule.metric == "lr_sensitivity":
+        found, split = cmp.paired_sensitivity(rows, rule.reference), "the LR grid"
+        higher = False
+    else:
+        metric = cmp.report_metric(rows, key) if rule.metric == "primary" else rule.metric
+        higher = higher if rule.metric == "primary" else False
+        split = "the test split" if "test" in metric else "the validation split"
+        if rule.at == "best_lr":
+            found = cmp.paired_best_lr(cmp.best_lrs(rows, key, cmp.primary_metric(rows)[1]),
+                                       rule.reference, metric, higher)
+        else:
+            found = cmp.paired_same_lr([r for r in rows if r["lr"] >= rule.min_lr],
+                                       rule.reference, metric, higher)
+    return [p for p in found if not rule.policies or p.policy in rule.policies], higher, split
+
+
+# --------------------------------------------------------------------------- counts
+
+
+class _Counting:
+    """A Counts rule: solved fractions per setting at its best LR, Fisher against the reference."""
+
+    def __init__(self, rule: Counts, rows: list[dict]) -> None:
+        rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
+        self.rule = rule
+        solved = _solved(rule, rows)
+        refs = {d_k: s for (policy, d_k), s in solved.items() if policy == rule.reference}
+        self.entries = [(policy, d_k, s, refs[d_k]) for (policy, d_k), s in solved.items()
+                        if policy != rule.reference and d_k in refs
+                        and (not rule.policies or policy in rule.policies)]
+        self.fisher = [_Test(significance.fisher_exact_p(s[0], s[1], r[0], r[1]))
+                       for _, _, s, r in self.entries]
+
+    def tests(self) -> list[_Test]:
+        return self.fisher
+
+    def decision(self, i: int) -> str:
+        _, _, (k, n), (k_ref, n_ref) = self.entries[i]
+        if self.fisher[i].adjusted >= ALPHA:
+            return "indistinguishable"
+        return "better" if k / n > k_ref / n_ref else "worse"
+
+    def verdict(self, caveats: list[str]) -> Verdict:
+        numbers = tuple(self._line(i) for i in range(len(self.entries)))
+        if not self.entries:
+            return Verdict("inconclusive", "no runs to count", numbers)
+        decisions = [self.decision(i) for i in range(len(self.entries))]
+        if any(d in OPPOSITE[self.rule.expect] for d in decisions):
+            return Verdict("contradicted", "decided against the claim", numbers)
+        if caveats or any(d != self.rule.expect for d in decisions):
+            return Verdict("inconclusive", "not resolved by the counts", numbers)
+        return Verdict("supported", f"all {len(decisions)} counts are {self.rule.expect}", numbers)
+
+    def _line(self, i: int) -> str:
+        policy, d_k, (k, n), (k_ref, n_ref) = self.entries[i]
+        low, high = significance.wilson(k, n)
+        ref_low, ref_high = significance.wilson(k_ref, n_ref)
+        return (f"{policy}, d_k={d_k}: {k} of {n} solved (95% Wilson {low:.2f}–{high:.2f}) "
+                f"against {self.rule.reference} {k_ref} of {n_ref} ({ref_low:.2f}–"
+                f"{ref_high:.2f}); Fisher {_p_text(self.fisher[i])} → {self.decision(i)}")
+
+
+def _solved(rule: Counts, rows: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(policy, d_k) -> (successes, runs) over the runs at the setting's best LR by mean
+    metric (every run of the setting when it has one LR); a run without a value failed."""
+    out = {}
+    for (_, d_k), by_lr in cmp.curves(rows).items():
+        def mean(runs: list[dict]) -> float:
+            values = [cmp.finished_value(r, rule.metric) for r in runs]
+            return sum(v or 0.0 for v in values) / len(values)
+        runs = max(by_lr.values(), key=mean)
+        hits = sum((cmp.finished_value(r, rule.metric) or -math.inf) >= rule.success_at
+                   for r in runs)
+        out[(runs[0]["policy"], d_k)] = (hits, len(runs))
+    return out
+
+
+# --------------------------------------------------------------------------- trains smoothly
+
+
+def _smooth_lrs(rows: list[dict]) -> dict[tuple[str, int], list[float]]:
+    """(policy, d_k) -> the learning rates at which every run completed with no failure of the
+    taxonomy (an empty list when there is none)."""
+    by_lr: dict = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        by_lr[(r["policy"], r["d_k"])][r["lr"]].append(r)
+    return {group: sorted(lr for lr, runs in lrs.items()
+                          if all(r["status"] == "completed" and not failures.row_failures(r)
+                                 for r in runs))
+            for group, lrs in by_lr.items()}
+
+
+def _failure_counts(runs: list[dict]) -> str:
+    counts = {kind: sum(kind in failures.row_failures(r) for r in runs)
+              for kind in failures.FAILURE_KINDS}
+    found = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items() if n)
+    return f"{found or 'no failures'} of {len(runs)} runs"
+
+
+def _judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verdict:
+    rows = [r for r in rows if r["policy"] in rule.policies and r["d_k"] >= rule.min_d_k]
+    smooth = _smooth_lrs(rows)
+    numbers = tuple(f"{policy}, d_k={d_k}: smooth at LR "
+                    f"{', '.join(f'{lr:.3g}' for lr in lrs) or 'none'}; "
+                    + _failure_counts([r for r in rows if (r["policy"], r["d_k"]) == (policy, d_k)])
+                    for (policy, d_k), lrs in smooth.items())
+    if not smooth:
+        return Verdict("inconclusive", "no runs of these policies", numbers)
+    trains = "; ".join(f"{p} d_k={d}" for (p, d), lrs in smooth.items() if lrs)
+    fails = "; ".join(f"{p} d_k={d}" for (p, d), lrs in smooth.items() if not lrs)
+    if caveats:
+        return Verdict("inconclusive", "this sweep cannot tell (see the caveats)", numbers)
+    if rule.expect_unstable:
+        if trains:
+            return Verdict("contradicted", f"trains smoothly at some LR: {trains}", numbers)
+        return Verdict("supported", "no learning rate trains smoothly", numbers)
+    if fails:
+        return Verdict("contradicted", f"no learning rate trains smoothly: {fails}", numbers)
+    return Verdict("supported", "every policy trains smoothly at some learning rate", numbers)
+
+
+# --------------------------------------------------------------------------- the family
+
+
+def _flatten(claim: Claim, rows: list[dict]) -> tuple[object, list[dict]]:
+    """The claim's rule and rows with Arms resolved to the rule over relabelled rows."""
+    if isinstance(claim.rule, Arms):
+        return claim.rule.rule, claim.rule.rows(rows)
+    return claim.rule, rows
+
+
+def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
+    """Every claim's verdict, with Holm's correction over all of the study's tests."""
+    caveats = limits(rows)
+    key, _ = cmp.primary_metric(rows)
+    floor = cmp.noise_floor(rows, cmp.DEFAULT_REFERENCE, key)
+    parts = []
+    for claim in declared:
+        rule, claim_rows = _flatten(claim, rows)
+        if isinstance(rule, Compare):
+            margin = rule.margin if rule.margin is not None else (floor and floor.median)
+            parts.append(_Comparison(rule, claim_rows, margin))
+        elif isinstance(rule, Counts):
+            parts.append(_Counting(rule, claim_rows))
+        else:
+            parts.append((rule, claim_rows))
+    _adjust([t for part in parts if hasattr(part, "tests") for t in part.tests()])
+    out = []
+    for part in parts:
+        if hasattr(part, "verdict"):
+            verdict = part.verdict(caveats)
+        elif isinstance(part[0], Band):
+            verdict = judge_band(part[0], part[1])
+        else:
+            verdict = _judge_unstable(part[0], part[1], caveats)
+        out.append(verdict)
+    return out
+
+
+def judge(claim: Claim, rows: list[dict]) -> Verdict:
+    """One claim's verdict, as a family of one."""
+    return judge_family([claim], rows)[0]
