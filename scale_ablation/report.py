@@ -14,7 +14,6 @@ without it, the report imports what the sweep recorded in sweep.json.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ from scale_ablation.model import plugins
 from scale_ablation.records import metrics_rows as rm
 from scale_ablation.records.jsonfiles import read_json
 from scale_ablation.records.run_files import FINISHED, RunFiles
+from scale_ablation.records.summary_csv import write_summary_csv
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker
 from scale_ablation.training import experiment_files as experiment
 
@@ -164,11 +164,7 @@ def write_report(sweep_dir: str, reference: str | None = None) -> str:
     reference = reference or cmp.DEFAULT_REFERENCE
     out = os.path.join(sweep_dir, "report")
     os.makedirs(out, exist_ok=True)
-    header = list(dict.fromkeys(key for row in rows for key in row))
-    with open(os.path.join(out, "summary.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
+    header = write_summary_csv(rows, os.path.join(out, "summary.csv"))
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
     incomplete = incomplete_runs(sweep_dir)
     write_incomplete_notice(os.path.join(out, "summary.md"), incomplete)

@@ -5,8 +5,10 @@ Runs evaluated at lengths L beyond the training length n (`train.eval_seq_lens`)
 section: bits per byte on positions n..L-1 only and the degradation from n, with the
 degradation paired by seed against the reference.
 
-Unstable runs are marked in their cell: `diverged@STEP` (non-finite loss; no final value),
-`spiked@STEP` and `collapsed@STEP` (`instability.py`; their final values still count).
+Failed runs are marked in their cell: `diverged@STEP` (non-finite loss; no final value),
+`spiked@STEP`, `entropy_collapsed@STEP` and `collapsed@STEP` (the failure taxonomy of
+`failures.py`; their final values still count). The failed-runs table names every kind,
+`not_learning` included.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import stats
+from scale_ablation.analysis import failures, stats
 
 BASELINE_KEYS = {
     "lm": (("baseline_unigram_bpb", "unigram"), ("baseline_bigram_bpb", "bigram")),
@@ -37,6 +39,7 @@ def marks(rows: list[dict]) -> list[str]:
     """`diverged@STEPS`, `spiked@STEPS`, `collapsed@STEPS` and other statuses of `rows`."""
     parts = []
     for mark, step_key in (("diverged", "diverged_at_step"), ("spiked", "spike_step"),
+                           ("entropy_collapsed", "entropy_collapse_step"),
                            ("collapsed", "collapse_step")):
         marked = [r for r in rows if r.get(step_key) is not None
                   and (mark == "diverged") == (r["status"] == "diverged")]
@@ -130,13 +133,28 @@ def paired_table(paired: list[cmp.Paired], reference: str, key: str, title: str)
 
 
 def instability_table(rows: list[dict]) -> list[str]:
-    unstable = [r for r in rows if r["status"] == "diverged" or r.get("spike_step") is not None
-                or r.get("collapse_step") is not None]
-    lines = ["## Unstable runs", "",
-             f"{len(unstable)} of {len(rows)} runs diverged, spiked or collapsed "
-             "(definitions: scale_ablation/analysis/instability.py).", ""]
-    if not unstable:
+    """Every run with a failure of the taxonomy, the kinds named, once for the whole report."""
+    failed = [(r, kinds) for r in rows if (kinds := failures.row_failures(r))]
+    counts = {kind: sum(kind in k for _, k in failed) for kind in failures.FAILURE_KINDS}
+    lines = ["## Failed runs", "",
+             f"{len(failed)} of {len(rows)} runs failed by the taxonomy of "
+             "scale_ablation/analysis/failures.py ("
+             + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + "):", "",
+             *[f"- {kind}: {failures.FAILURE_MEANINGS[kind]}" for kind in failures.FAILURE_KINDS],
+             ""]
+    if not failed:
         return lines
+    lines += ["| run | status | failures | diverged at | first spike | entropy collapsed at | "
+              "collapsed at | max attention logit |", "|---|---|---|---|---|---|---|---|"]
+    show = lambda v: "—" if v is None else str(v)  # noqa: E731
+    for r, kinds in failed:
+        logit = r.get("max_attention_logit")
+        logit = "—" if logit is None or not math.isfinite(logit) else f"{logit:.3g}"
+        lines.append(f"| {r['name']} | {r['status']} | {', '.join(kinds)} | "
+                     f"{show(r.get('diverged_at_step'))} | {show(r.get('spike_step'))} | "
+                     f"{show(r.get('entropy_collapse_step'))} | {show(r.get('collapse_step'))} | "
+                     f"{logit} |")
+    return lines
     lines += ["| run | status | diverged at | first spike | collapsed at | max attention logit |",
               "|---|---|---|---|---|---|"]
     show = lambda v: "—" if v is None else str(v)  # noqa: E731

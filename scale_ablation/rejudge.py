@@ -1,0 +1,71 @@
+r"""Judge a published study's claims again from its summary.csv, by today's rules.
+
+  python -m scale_ablation.rejudge experiments/results/dk_sweep_cpu [--config=FILE.py:VARIANT]
+
+A published study keeps its report's rows (summary.csv, one line per run) even where its run
+directories are gone. This reads those rows back, loads the claims the experiment file declares
+(`--config`, else the spec named at the top of the study's claims.md) and rewrites claims.md with
+`analysis.verdicts`: the failure taxonomy read from each row's own fields
+(`failures.row_failures`), Holm over the study's family, TOST for claims of no difference. It
+touches nothing else; `git diff` then shows which verdicts changed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from absl import app, flags
+
+from scale_ablation.analysis.claims_markdown import write_claims
+from scale_ablation.records.summary_csv import read_summary_csv
+from scale_ablation.report import load_claims
+
+_CONFIG = flags.DEFINE_string("config", None, "Experiment spec; default: the one claims.md names.")
+_SPEC_LINE = re.compile(r"^# Claims tested by `([^`]+)`")
+_COMMAND = re.compile(r"--workdir=(\S+?)`")
+
+
+def published_spec(study_dir: str) -> tuple[str | None, str | None]:
+    """(experiment spec, sweep directory) named by the study's claims.md, if it has one."""
+    path = os.path.join(study_dir, "claims.md")
+    if not os.path.exists(path):
+        return None, None
+    with open(path) as f:
+        text = f.read()
+    spec, workdir = _SPEC_LINE.search(text), _COMMAND.search(text)
+    return (spec.group(1) if spec else None), (workdir.group(1) if workdir else None)
+
+
+def rejudge(study_dir: str, spec: str | None = None) -> str:
+    """Rewrite study_dir/claims.md from study_dir/summary.csv; return its path."""
+    named, workdir = published_spec(study_dir)
+    spec = spec or named
+    if spec is None:
+        raise ValueError(f"{study_dir}: no claims.md naming the experiment; give --config")
+    rows = read_summary_csv(os.path.join(study_dir, "summary.csv"))
+    path = os.path.join(study_dir, "claims.md")
+    if not write_claims(load_claims(spec), spec, workdir or study_dir, rows, path):
+        raise ValueError(f"{spec} declares no claims")
+    return path
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m scale_ablation.rejudge STUDY_DIR [--config=FILE.py:VARIANT]",
+              file=sys.stderr)
+        return 2
+    if not os.path.exists(os.path.join(argv[1], "summary.csv")):
+        print(f"error: {argv[1]} holds no summary.csv", file=sys.stderr)
+        return 2
+    try:
+        print(f"claims rewritten: {rejudge(argv[1], _CONFIG.value)}")
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))
