@@ -155,15 +155,6 @@ def instability_table(rows: list[dict]) -> list[str]:
                      f"{show(r.get('entropy_collapse_step'))} | {show(r.get('collapse_step'))} | "
                      f"{logit} |")
     return lines
-    lines += ["| run | status | diverged at | first spike | collapsed at | max attention logit |",
-              "|---|---|---|---|---|---|"]
-    show = lambda v: "—" if v is None else str(v)  # noqa: E731
-    for r in unstable:
-        logit = r.get("max_attention_logit")
-        logit = "—" if logit is None or not math.isfinite(logit) else f"{logit:.3g}"
-        lines.append(f"| {r['name']} | {r['status']} | {show(r.get('diverged_at_step'))} | "
-                     f"{show(r.get('spike_step'))} | {show(r.get('collapse_step'))} | {logit} |")
-    return lines
 
 
 def sensitivity_tables(rows: list[dict], reference: str) -> list[str]:
