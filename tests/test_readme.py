@@ -12,6 +12,7 @@ import tomllib
 
 import jax
 import numpy as np
+import pytest
 
 from experiments import dk_sweep
 from scale_ablation.model import attention, policies
@@ -129,15 +130,38 @@ def test_the_readme_entry_point_group_is_the_one_policies_reads():
     assert list(toml["project"]["entry-points"]) == [policies.ENTRY_POINT_GROUP]
 
 
-def test_the_results_quote_the_committed_claims_files_verbatim():
-    """No verdict in the README is typed by hand: each quoted block is a report's claims.md."""
-    blocks = re.findall(r"<!-- claims: (\S+) -->\n(.*?)<!-- end claims -->", README.read_text(),
+STUDY_READMES = sorted((README.parent / "experiments" / "results").glob("*/README.md"))
+
+
+@pytest.mark.parametrize("doc", [README, *STUDY_READMES],
+                         ids=lambda p: str(p.relative_to(README.parent)))
+def test_verdicts_quoted_anywhere_are_the_committed_claims_files(doc):
+    """No verdict in a README is typed by hand: each quoted block is a report's claims.md."""
+    blocks = re.findall(r"<!-- claims: (\S+) -->\n(.*?)<!-- end claims -->", doc.read_text(),
                         re.DOTALL)
-    assert blocks
     for path, quoted in blocks:
         lines = [line.removeprefix(">").removeprefix(" ") for line in quoted.splitlines()]
         committed = (README.parent / path).read_text().strip().splitlines()
         assert lines == committed, path
-    verdicts = re.findall(r"Verdict: \*\*(\w+)\*\*", README.read_text())
-    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict: \*\*(\w+)\*\*", q)]
+    verdicts = re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", doc.read_text())
+    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", q)]
     assert verdicts == quoted_verdicts  # none outside the quoted files
+
+
+def test_every_published_study_has_a_write_up_quoting_its_claims():
+    studies = sorted(p.parent for p in (README.parent / "experiments" / "results").glob("*/claims.md"))
+    assert studies and [p.parent for p in STUDY_READMES] == studies
+    for doc in STUDY_READMES:
+        assert f"<!-- claims: experiments/results/{doc.parent.name}/claims.md -->" in doc.read_text()
+
+
+def test_the_results_index_links_every_study_with_its_computed_verdicts():
+    index = README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
+    for doc in STUDY_READMES:
+        claims = (doc.parent / "claims.md").read_text()
+        verdicts = ", ".join(re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", claims))
+        assert f"| {verdicts} | [{doc.parent.name}](experiments/results/{doc.parent.name}/README.md) |" in index
+
+
+def test_the_readme_is_a_reference_not_a_results_dump():
+    assert README.read_text().count("\n") < 350

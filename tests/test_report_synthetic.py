@@ -294,16 +294,19 @@ def test_paired_differences_at_the_same_lr(sweep):
                 assert rows[(policy, lr)][4] == "indistinguishable"
 
 
-def test_unstable_runs_table(sweep):
-    rows = {r[0]: r for r in section(summary_md(sweep), "## Unstable runs")}
+def test_failed_runs_table(sweep):
+    rows = {r[0]: r for r in section(summary_md(sweep), "## Failed runs")}
     diverged = f"policy={DIVERGED[0]},lr={DIVERGED[1]},seed={DIVERGED[2]}"
     spiked = f"policy={SPIKED[0]},lr={SPIKED[1]},seed={SPIKED[2]}"
     collapsed = {f"policy=none,lr=0.1,seed={s}" for s in SEEDS}
-    assert set(rows) == {diverged, spiked, *collapsed}
-    assert rows[diverged][1:3] == ["diverged", "31"]
-    assert rows[spiked][3] == str(SPIKE_AT) and rows[spiked][4] == "—"
+    assert {diverged, spiked, *collapsed} <= set(rows)
+    assert rows[diverged][1] == "diverged" and rows[diverged][3] == "31"
+    assert "spiked" in rows[spiked][2] and rows[spiked][4] == str(SPIKE_AT)
+    assert rows[spiked][6] == "—"
     for name in collapsed:
-        assert rows[name][4] == "40" and rows[name][3] == "—"
+        assert "collapsed" in rows[name][2].split(", ") and rows[name][6] == "40"
+    others = set(rows) - {diverged, spiked, *collapsed}
+    assert all(rows[name][2] == "not_learning" for name in others), others
 
 
 def sensitivity(policy: str, seed: int) -> float:
