@@ -5,24 +5,37 @@ finished the step. Orbax/TensorStore offer no such check over a whole step (zarr
 covers only a shard's index, not the array data or orbax's metadata files), so a flipped bit in
 the data would otherwise be restored silently. A step that fails its digest, or cannot be read,
 is moved aside (`damaged_checkpoints/`) with a one-line warning and the next older step is used.
+A step without its digest file (killed between orbax's save and the digest, or the file removed)
+cannot be verified, and is treated the same way: never restored unverified.
+
+Each step also records `ROWS_NAME`, how many metrics.jsonl rows were logged through it (written
+before the digest, so covered by it). A step whose rows are no longer all intact (a torn or
+damaged line, or rows cut away) is not resumed from: resuming there would leave a gap in the
+run's history. It is moved aside like a damaged one, and the rows are recomputed from an older
+step (`rows_damage`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import sys
 import traceback
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 from scale_ablation.records import jsonfiles
+from scale_ablation.records.run_files import MetricsScan
 
 DIGEST_NAME = "sha256sums.json"
+ROWS_NAME = "metrics_rows.json"
 
 
 class CheckpointError(ValueError):
@@ -72,6 +85,25 @@ def quiet_failed_restores() -> None:
     sys.unraisablehook = _drop_closed_loop_callbacks
     # The failed reads' never-retrieved futures are logged by asyncio when collected.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    quiet_full_disk()
+
+
+def _not_a_full_disk_log(record: logging.LogRecord) -> bool:
+    """logging filter: False for orbax's own log lines of a write that hit a full disk (each
+    of its writer threads logs the error with a traceback; `save` reports it once)."""
+    if f"{os.sep}orbax{os.sep}" not in record.pathname:
+        return True
+    text = record.getMessage()
+    return "RESOURCE_EXHAUSTED" not in text and "No space left on device" not in text
+
+
+def quiet_full_disk() -> None:
+    """Keep the echoes of a full disk off stderr, where one line reports it: orbax's threads'
+    logged tracebacks, and JAX's warning per compiled program that its persistent cache entry
+    could not be written (the cache is an optimisation). Process-wide: entry points only."""
+    logging.getLogger("absl").addFilter(_not_a_full_disk_log)
+    warnings.filterwarnings("ignore", message=r"Error writing persistent compilation cache "
+                            r"entry.*(No space left on device|Errno 28)", category=UserWarning)
 
 
 class Checkpoints:
@@ -81,9 +113,13 @@ class Checkpoints:
     complete, and on the small models here a save takes a fraction of a second.
     """
 
-    def __init__(self, workdir: str | os.PathLike, *, keep: int = 2):
+    def __init__(self, workdir: str | os.PathLike, *, keep: int = 2,
+                 rows_through: Callable[[int], int] | None = None):
+        """`rows_through(step)`: how many metrics rows the run has logged through `step`,
+        recorded with each save (`ROWS_NAME`); None records nothing."""
         self.directory = os.path.join(os.fspath(workdir), "checkpoints")
         self._keep = keep
+        self._rows_through = rows_through
         self._manager: ocp.CheckpointManager | None = None
 
     def _open(self) -> ocp.CheckpointManager:
@@ -120,8 +156,14 @@ class Checkpoints:
         manager = self._open()
         if step in manager.all_steps():
             return
-        manager.save(step, args=ocp.args.StandardSave(state))
-        manager.wait_until_finished()
+        try:
+            manager.save(step, args=ocp.args.StandardSave(state))
+            manager.wait_until_finished()
+        except ValueError as error:
+            full_disk = _as_full_disk(error, self.step_directory(step))
+            if full_disk is None:
+                raise
+            raise full_disk from error
         self._write_digest(step)
 
     def step_directory(self, step: int) -> str:
@@ -131,17 +173,21 @@ class Checkpoints:
         if jax.process_index() != 0:
             return
         directory = self.step_directory(step)
+        if self._rows_through is not None:
+            jsonfiles.write_json_atomic(os.path.join(directory, ROWS_NAME),
+                                        {"rows_through_step": self._rows_through(step)})
         jsonfiles.write_json_atomic(os.path.join(directory, DIGEST_NAME), file_digests(directory))
 
     def damage(self, step: int) -> str | None:
-        """Why the saved `step` does not match its digest, or None if it does. A step saved
-        without a digest (killed between orbax's save and the digest) is left to the restore."""
+        """Why the saved `step` does not match its digest, or None if it does. A step
+        without a digest (killed between orbax's save and the digest, or the file removed)
+        cannot be verified: that is its damage."""
         directory = self.step_directory(step)
         try:
             with open(os.path.join(directory, DIGEST_NAME), encoding="utf-8") as f:
                 recorded = json.load(f)
         except FileNotFoundError:
-            return None
+            return f"no {DIGEST_NAME}, so it cannot be verified"
         except (OSError, ValueError) as error:
             return f"unreadable {DIGEST_NAME}: {error}"
         actual = file_digests(directory)
@@ -152,15 +198,49 @@ class Checkpoints:
                 return f"{name} does not match its recorded SHA-256"
         return None
 
-    def restore_newest_intact(self, like: Any) -> tuple[int | None, Any]:
-        """(step, state) of the newest step that passes its digest and restores; (None, like)
-        when there is no checkpoint. Damaged newer steps are moved aside, each with one
-        warning line. Raises CheckpointError, having moved nothing, when no step is intact."""
+    def rows_damage(self, step: int, scan: MetricsScan) -> str | None:
+        """Why the metrics rows through `step` are not all intact in `scan`, or None.
+
+        With the row count the step recorded (`ROWS_NAME`) the rule is exact: the intact rows
+        must hold that many through `step`. A step saved before the count existed is trusted
+        when no line is damaged, and otherwise only if it is before the last intact row.
+        """
+        try:
+            with open(os.path.join(self.step_directory(step), ROWS_NAME), encoding="utf-8") as f:
+                recorded = json.load(f)["rows_through_step"]
+        except FileNotFoundError:
+            recorded = None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            return f"unreadable {ROWS_NAME}: {error}"
+        have = scan.count_through(step)
+        if recorded is not None:
+            if have >= recorded:
+                return None
+            lost = scan.damage or f"{recorded - have} of them are missing"
+            return (f"{recorded} metrics rows through step {step} were logged, {have} are "
+                    f"intact ({lost})")
+        if scan.damage is None or (scan.last_step is not None and step < scan.last_step):
+            return None
+        return f"its metrics rows are not all intact ({scan.damage})"
+
+    def _reason(self, step: int, scan: MetricsScan | None) -> str | None:
+        reason = self.damage(step)
+        if reason is None and scan is not None:
+            rows = self.rows_damage(step, scan)
+            reason = None if rows is None else f"{ROWS_REASON}: {rows}"
+        return reason
+
+    def restore_newest_intact(self, like: Any, scan: MetricsScan | None = None
+                              ) -> tuple[int | None, Any]:
+        """(step, state) of the newest step that passes its digest (and, given the run's
+        `scan` of metrics.jsonl, whose rows are intact) and restores; (None, like) when there
+        is no checkpoint. Newer steps are moved aside, each with one warning line. Raises
+        CheckpointError, having moved nothing, when no step is usable."""
         steps = sorted(self._open().all_steps(), reverse=True) if os.path.isdir(
             self.directory) else []
         damaged: list[tuple[int, str]] = []
         for step in steps:
-            reason = self.damage(step)
+            reason = self._reason(step, scan)
             if reason is None:
                 try:
                     state = self.restore(step, like)
@@ -174,11 +254,12 @@ class Checkpoints:
             return None, like
         raise self._none_intact(*damaged[0])
 
-    def check_some_intact(self, steps: list[int]) -> None:
-        """Raise CheckpointError unless one of `steps` passes its digest (reads only)."""
+    def check_some_intact(self, steps: list[int], scan: MetricsScan | None = None) -> None:
+        """Raise CheckpointError unless one of `steps` passes its digest (and has intact rows
+        in `scan`, if given); reads only."""
         newest_damage = None
         for step in sorted(steps, reverse=True):
-            reason = self.damage(step)
+            reason = self._reason(step, scan)
             if reason is None:
                 return
             newest_damage = newest_damage or (step, reason)
@@ -201,11 +282,29 @@ class Checkpoints:
             while os.path.exists(target):
                 target, suffix = os.path.join(aside, f"{step}.{suffix}"), suffix + 1
             os.replace(self.step_directory(step), target)
-            print(f"warning: checkpoint step {step} is damaged ({reason}); moved to {target}, "
-                  f"resuming from step {intact}", file=sys.stderr, flush=True)
+            if reason.startswith(ROWS_REASON):
+                print(f"warning: checkpoint step {step} is not resumed from ({reason}); moved "
+                      f"to {target}, resuming from step {intact} (steps {intact + 1}-{step} are "
+                      "recomputed)", file=sys.stderr, flush=True)
+            else:
+                print(f"warning: checkpoint step {step} is damaged ({reason}); moved to "
+                      f"{target}, resuming from step {intact}", file=sys.stderr, flush=True)
         self.close()  # the manager caches the step list
 
     def close(self) -> None:
         if self._manager is not None:
             self._manager.close()
             self._manager = None
+
+
+ROWS_REASON = "its metrics rows are lost"
+
+
+def _as_full_disk(error: ValueError, directory: str) -> OSError | None:
+    """Orbax reports a full disk inside a save as `ValueError: RESOURCE_EXHAUSTED: ... No space
+    left on device` (TensorStore's status); as an OSError(ENOSPC) it is the full disk that every
+    caller already turns into one line. None for any other error."""
+    text = str(error)
+    if "RESOURCE_EXHAUSTED" in text or "No space left on device" in text:
+        return OSError(errno.ENOSPC, "No space left on device", directory)
+    return None
