@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from experiments import base
 from scale_ablation import report
+from scale_ablation.analysis import plot_style
 from scale_ablation.analysis import plots as report_plots
 from scale_ablation.analysis import tables as report_tables
 
@@ -39,43 +40,29 @@ def synthetic_run(policy: str, seed: int, d_k: int = 16) -> dict:
             "summary": {"status": "completed", "final_val_bpb": 3.0, "final_val_loss": 2.0}}
 
 
-@pytest.fixture
-def captured(monkeypatch) -> list:
-    """The axes each plot saves (report_plots._save), kept for inspection."""
-    found = []
-    original = report_plots._save
-
-    def keep(fig, axes, ylabel, path):
-        found.append(axes)
-        original(fig, axes, ylabel, path)
-
-    monkeypatch.setattr(report_plots, "_save", keep)
-    return found
-
-
-def test_learned_scale_over_training_is_the_mean_over_seeds_and_layers(tmp_path, captured):
+def test_learned_scale_over_training_is_the_mean_over_seeds_and_layers():
     runs = [synthetic_run(p, s) for p in ("inv_sqrt_dk", "learned", "learned:1.0") for s in SEEDS]
     rows = [report.summarise_run(run) for run in runs]
-    path = tmp_path / "scale.png"
-    assert report_plots.plot_learned_scale_over_training(runs, rows, str(path))
-    assert path.read_bytes()[:4] == b"\x89PNG"
-    (axes,) = captured
-    lines = {line.get_label(): line for line in axes[0][0].get_lines()}
+    fig = report_plots.plot_learned_scale_over_training(runs, rows)
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    lines = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
     for policy in ("learned", "learned:1.0"):
         expected = [np.mean([[scale_at(policy, s, i, step) for i in (0, 1)] for s in SEEDS])
                     for step in STEPS]
-        np.testing.assert_allclose(lines[policy].get_ydata(), expected, rtol=1e-12)
-        np.testing.assert_array_equal(lines[policy].get_xdata(), STEPS)
-    assert "inv_sqrt_dk" not in lines  # no learned scale, no line
-    (reference,) = [line for label, line in lines.items() if label.startswith("1/√d_k")]
+        np.testing.assert_allclose(lines[f"{policy}||16"].get_ydata(), expected, rtol=1e-12)
+        np.testing.assert_array_equal(lines[f"{policy}||16"].get_xdata(), STEPS)
+    assert not any(gid.startswith("inv_sqrt_dk") for gid in lines)  # no learned scale, no line
+    (reference,) = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
     assert list(reference.get_ydata()) == [1 / math.sqrt(16)] * 2
 
 
 def test_no_learned_scale_no_plot(tmp_path):
     runs = [synthetic_run("inv_sqrt_dk", s) for s in SEEDS]
     rows = [report.summarise_run(run) for run in runs]
-    assert not report_plots.plot_learned_scale_over_training(runs, rows, str(tmp_path / "x.png"))
-    assert not (tmp_path / "x.png").exists()
+    assert report_plots.plot_learned_scale_over_training(runs, rows) is None
+    assert "learned_scale_over_training.png" not in report_plots.write_plots(runs, rows,
+                                                                             str(tmp_path))
+    assert not (tmp_path / "learned_scale_over_training.png").exists()
 
 
 @pytest.mark.parametrize("dtype,drawn", [("float16", True), ("bfloat16", False), (None, False)])
@@ -83,20 +70,19 @@ def test_float16_maximum_marked_when_the_sweep_has_float16_runs(dtype, drawn):
     rows = [{"override:train.dtype": "float32"}, {} if dtype is None else
             {"override:train.dtype": dtype}]
     ax = Figure().subplots()
-    report_plots.mark_float16_max([ax], rows)
+    plot_style.float16_max(ax, rows, plot_style.Keys(plot_style.Style.of([])))
     levels = [line.get_ydata()[0] for line in ax.get_lines()]
     assert levels == ([float(np.finfo(np.float16).max)] if drawn else [])
 
 
-def test_max_logit_against_lr_carries_the_float16_line(tmp_path, captured):
+def test_max_logit_against_lr_carries_the_float16_line():
     rows = [{"policy": "none", "d_k": 32, "lr": lr, "seed": s, "status": "completed",
              "override:train.dtype": "float16", "override:train.lr": lr,
              "max_attention_logit/layer0": 10.0 ** (3 + lr + 0.1 * s)}
             for lr in (0.01, 0.3) for s in SEEDS]
-    report_plots.plot_against_lr(rows, "max_attention_logit/layer0", "max", str(tmp_path / "m.png"),
-                                 unit=None, log_y=True, float16_line=True)
-    (axes,) = captured
-    assert any(list(line.get_ydata()) == [65504.0] * 2 for line in axes[0][0].get_lines())
+    fig = report_plots.plot_against_lr(rows, "max_attention_logit/layer0", "max", unit=None,
+                                       log_y=True, float16_line=True)
+    assert any(list(line.get_ydata()) == [65504.0] * 2 for line in fig.axes[0].get_lines())
 
 
 def test_summary_tables_the_final_learned_scale_of_each_policy(tmp_path):

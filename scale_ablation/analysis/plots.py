@@ -1,9 +1,12 @@
-"""The report's plots: means over seeds with 95% CI error bars or bands, never per-seed lines.
+"""The report's plots: means over seeds, never per-seed lines, in bits per byte (MQAR: recall
+accuracy), one colour per policy and one legend per figure (`plot_style`), small multiples when
+a panel would hold more than eight series (`plot_groups`).
 
-Colour tells the policy apart, line style (and marker) the other swept fields; with an LR grid,
-curves over training show each setting at its own best LR. Count baselines are drawn as grey
-horizontal lines (MQAR: chance and context guessing). On loss-against-LR plots a diverged LR is
-an `x` on the top edge, and LRs with a spiked or collapsed run carry a `^` or `v`.
+With an LR grid, curves over training and final values against d_k show each setting at its own
+best LR (summary.md's "Best LR" table). Count baselines are grey lines, or named at the axis'
+edge when off it. On loss-against-LR plots a diverged LR is an `x` on the top edge, and LRs with
+a spiked or collapsed run carry a `^` or `v`. Max logits are geometric means over seeds (they
+spread over decades), on log axes.
 """
 
 from __future__ import annotations
@@ -11,368 +14,319 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
+from collections.abc import Callable
 
-from matplotlib import colormaps
-from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
+from matplotlib.figure import Figure
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import stats
+from scale_ablation.analysis import plot_groups as groups
+from scale_ablation.analysis import plot_style as look
 from scale_ablation.records import metrics_rows as rm
 
-LINESTYLES = ("-", "--", ":", "-.")
-MARKERS = ("o", "s", "D", "P", "*", "h")
 LN2 = math.log(2)
+_MARKS_EVERY = 6  # about this many markers per curve over training: style, not data points
 
 
-def _styles(rows: list[dict], name_of) -> dict[str, dict]:
-    """Plot kwargs per group name: colour by policy, line style and marker by the rest."""
-    names = list(dict.fromkeys(name_of(r) for r in rows))
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    policy_of = {name_of(r): r["policy"] for r in rows}
-    rest = list(dict.fromkeys(name.removeprefix(policy_of[name]) for name in names))
-    return {name: {"color": f"C{policies.index(policy_of[name]) % 10}",
-                   "linestyle": LINESTYLES[rest.index(name.removeprefix(policy_of[name])) % 4],
-                   "marker": MARKERS[rest.index(name.removeprefix(policy_of[name])) % 6]}
-            for name in names}
+def _val_bpb(row: dict) -> float | None:
+    """Validation bits per byte of a metrics row (val/loss is nats per byte)."""
+    if row.get("val/bpb") is not None:
+        return row["val/bpb"]
+    return None if row.get("val/loss") is None else row["val/loss"] / LN2
 
 
-def _baselines(ax, rows: list[dict], unit: str) -> None:
-    """Grey lines at the count baselines, in `unit`: bpb, nats or accuracy."""
-    keys = {"bpb": (("baseline_unigram_bpb", "unigram", 1.0), ("baseline_bigram_bpb", "bigram", 1.0)),
-            "nats": (("baseline_unigram_bpb", "unigram", LN2), ("baseline_bigram_bpb", "bigram", LN2)),
-            "accuracy": (("baseline_chance_accuracy", "chance", 1.0),
-                         ("baseline_context_guess_accuracy", "context guess", 1.0))}[unit]
-    for (field, name, factor), style in zip(keys, (":", "-."), strict=True):
-        values = {r[field] for r in rows if r.get(field) is not None}
-        for value in values:
-            ax.axhline(value * factor, color="0.4", linestyle=style, linewidth=1,
-                       label=f"{name} {value * factor:.3f}")
+def _zoom(ax, curves: list[list[groups.Point]], rows: list[dict]) -> None:
+    """y over the second half of training, where the final gaps are, widened to the bigram
+    baseline (the line a model must beat) when it lies below."""
+    values = [v for points in curves for p in points if p.x >= points[-1].x / 2
+              for v in (p.low, p.high)]
+    bigram = [r["baseline_bigram_bpb"] for r in rows if r.get("baseline_bigram_bpb")]
+    if not values:
+        return
+    low, high = min(values + bigram), max(values)
+    pad = 0.08 * (high - low) or 0.05 * abs(high) or 0.1
+    ax.set_ylim(low - pad, high + pad)
 
 
-def _mean_series(runs: list[dict], key_fn) -> list[tuple[int, float, float]]:
-    """(step, mean, CI half-width or 0) over the runs' series, at steps every run logged."""
-    by_step = defaultdict(list)
-    for run in runs:
-        for step, value in rm.series(run["metrics"], key_fn):
-            if math.isfinite(value):
-                by_step[step].append(value)
-    out = []
-    for step in sorted(by_step):
-        if len(by_step[step]) == len(runs):
-            found = stats.mean_ci(by_step[step])
-            out.append((step, found.mean, found.half_width or 0.0))
-    return out
-
-
-def _training_groups(runs: list[dict], rows: list[dict]) -> dict[tuple[str, int], list]:
-    """(label, d_k) -> [(run, row)] of the runs to draw over training: each setting at its best
-    LR when the sweep has an LR grid, else each variant."""
-    key, higher = cmp.primary_metric(rows)
-    at_best = {}
-    if cmp.has_lr_grid(rows):
-        at_best = {(b.setting, b.d_k): b.lr for b in cmp.best_lrs(rows, key, higher)}
-    groups = defaultdict(list)
-    for run, row in zip(runs, rows, strict=True):
-        best = at_best.get((cmp.setting(row), row["d_k"]), "none")
-        if best == "none":
-            groups[(cmp.variant(row), row["d_k"])].append((run, row))
-        elif row["lr"] == best:
-            groups[(f"{cmp.setting(row)} @ lr={best:.3g}", row["d_k"])].append((run, row))
-    return groups
-
-
-def _legend(ax, *, loc: str, fontsize: float = 6) -> None:
-    """A legend inside the panel, when it has labelled lines."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=fontsize, loc=loc)
-
-
-def _panels(count: int, rows_of_panels: int = 1, width: float = 4.5, height: float = 3.6):
-    fig = Figure(figsize=(width * count, height * rows_of_panels))
-    return fig, fig.subplots(rows_of_panels, count, squeeze=False)
-
-
-def plot_curves(runs: list[dict], rows: list[dict], key_fn, ylabel: str, path: str, *,
-                unit: str | None = None, zoom: bool = False) -> None:
-    """One panel per d_k; mean over seeds with a 95% CI band. `zoom`: the y-range covers the
-    second half of training, where the final gaps are."""
-    head_dims = sorted({r["d_k"] for r in rows})
-    fig, axes = _panels(len(head_dims))
-    groups = _training_groups(runs, rows)
-    styles = _styles([{**row, "label": label} for (label, _), members in groups.items()
-                      for _, row in members], lambda r: r["label"])
-    for (label, d_k), members in groups.items():
-        ax = axes[0][head_dims.index(d_k)]
-        points = _mean_series([run for run, _ in members], key_fn)
-        if not points:
-            continue
-        steps, means, halves = zip(*points, strict=True)
-        style = styles[label]
-        ax.plot(steps, means, color=style["color"], linestyle=style["linestyle"], label=label)
-        ax.fill_between(steps, [m - h for m, h in zip(means, halves, strict=True)],
-                        [m + h for m, h in zip(means, halves, strict=True)],
-                        color=style["color"], alpha=0.2)
-    for ax, d_k in zip(axes[0], head_dims, strict=True):
-        if zoom:
-            _zoom(ax)
-        if unit:
-            _baselines(ax, [r for r in rows if r["d_k"] == d_k], unit)
-            if zoom:  # keep the best count baseline (bigram) in view: the model must beat it
-                _include_bigram(ax, [r for r in rows if r["d_k"] == d_k], unit)
-        ax.set_title(f"d_k = {d_k}")
-        ax.set_xlabel("step")
-        _legend(ax, loc="upper right")
-    _save(fig, axes, ylabel, path)
-
-
-def _save(fig, axes, ylabel: str, path: str) -> None:
-    """A row of panels out to PNG, the y label on the first."""
-    axes[0][0].set_ylabel(ylabel)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def _zoom(ax) -> None:
-    """Limit y to the lines' values over the second half of their steps (bands included)."""
-    values = []
-    for line in ax.get_lines():
-        steps, ys = line.get_xdata(), line.get_ydata()
-        if len(steps):
-            half = steps[-1] / 2
-            values += [y for s, y in zip(steps, ys, strict=True) if s >= half]
-    if values:
-        low, high = min(values), max(values)
-        pad = 0.15 * (high - low) or 0.05 * abs(high) or 0.1
-        ax.set_ylim(low - pad, high + pad)
-
-
-def _include_bigram(ax, rows: list[dict], unit: str) -> None:
-    factor = {"bpb": 1.0, "nats": LN2}.get(unit)
-    values = [r["baseline_bigram_bpb"] * factor for r in rows
-              if factor and r.get("baseline_bigram_bpb") is not None]
-    if values:
-        low, high = ax.get_ylim()
-        ax.set_ylim(min(low, min(values) - 0.05 * (high - low)), max(high, max(values)))
-
-
-def plot_final_vs_dk(rows: list[dict], path: str) -> None:
-    key, higher = cmp.primary_metric(rows)
-    fig, axes = _panels(1, width=6, height=4.2)
-    ax = axes[0][0]
-    if cmp.has_lr_grid(rows):  # each setting at its own best LR
-        best = {(b.setting, b.d_k): b for b in cmp.best_lrs(rows, key, higher)}
-        name_of, chosen = cmp.setting, [r for r in rows
-                                        if (b := best.get((cmp.setting(r), r["d_k"])))
-                                        and r["lr"] == b.lr]
+def _draw_series(ax, points: list[groups.Point], line: dict, gid: str, *,
+                 band: bool, marks_every: int | None = None) -> None:
+    """A mean line; its 95% CI as a band (`band`) or error bars, only at points with n >= 2."""
+    xs, centres = [p.x for p in points], [p.centre for p in points]
+    ax.plot(xs, centres, gid=gid, markevery=marks_every, markersize=4, linewidth=1.4, **line)
+    sized = [p for p in points if p.n >= 2]
+    if not sized:
+        return
+    if band:
+        ax.fill_between([p.x for p in sized], [p.low for p in sized], [p.high for p in sized],
+                        color=line["color"], alpha=0.15, linewidth=0)
     else:
-        name_of, chosen = cmp.variant, rows
-    styles = _styles(rows, name_of)
-    for name in dict.fromkeys(name_of(r) for r in rows):
-        members = [r for r in chosen if name_of(r) == name]
-        points = [(d, e) for d in sorted({r["d_k"] for r in members})
-                  if (e := cmp.estimate([r for r in members if r["d_k"] == d], key))]
-        if points:
-            ax.errorbar([d for d, _ in points], [e.mean for _, e in points],
-                        yerr=[e.half_width or 0 for _, e in points], capsize=3,
-                        label=name, **styles[name])
-        diverged = [r["d_k"] for r in rows if name_of(r) == name and r["status"] == "diverged"]
-        if diverged:
-            ax.plot(diverged, [1.0] * len(diverged), "x", color=styles[name]["color"],
-                    transform=ax.get_xaxis_transform(), clip_on=False)
-    _baselines(ax, rows, "accuracy" if higher else "bpb")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("d_k (head_dim)")
-    best_note = " at its best LR" if cmp.has_lr_grid(rows) else ""
-    ax.set_ylabel(f"final {key.removeprefix('final_')}{best_note}\n(mean ± 95% CI; x: diverged)")
-    _legend(ax, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+        ax.errorbar([p.x for p in sized], [p.centre for p in sized],
+                    yerr=[[p.centre - p.low for p in sized], [p.high - p.centre for p in sized]],
+                    fmt="none", ecolor=line["color"], capsize=2, linewidth=1)
 
 
-def plot_against_lr(rows: list[dict], key: str, ylabel: str, path: str, *,
-                    unit: str | None, log_y: bool = False, float16_line: bool = False) -> None:
-    """Final `key` against the learning rate: one panel per d_k, one line per setting with 95%
-    CI error bars; diverged (x, top edge), spiked (^) and collapsed (v) LRs marked.
-    `float16_line`: mark float16's maximum (`mark_float16_max`), for logit plots."""
-    head_dims = sorted({r["d_k"] for r in rows})
-    fig, axes = _panels(len(head_dims))
-    styles = _styles(rows, cmp.setting)
-    plotted = set()
-    # A log axis shows the geometric mean and the CI of the mean log10, back-transformed.
-    scale = (lambda v: 10**v) if log_y else (lambda v: v)
-    for (name, d_k), by_lr in cmp.curves(cmp.log10_rows(rows, key) if log_y else rows).items():
-        ax = axes[0][head_dims.index(d_k)]
-        style = styles[name]
-        points = [(lr, e) for lr in sorted(by_lr) if (e := cmp.estimate(by_lr[lr], key))]
-        if points:
-            plotted.add(d_k)
-            centre = [scale(e.mean) for _, e in points]
-            low = [c - scale(e.mean - (e.half_width or 0)) for c, (_, e) in zip(centre, points, strict=True)]
-            high = [scale(e.mean + (e.half_width or 0)) - c for c, (_, e) in zip(centre, points, strict=True)]
-            ax.errorbar([lr for lr, _ in points], centre, yerr=[low, high], capsize=3,
-                        label=name, **style)
-        _mark_unstable(ax, by_lr, {lr: c for (lr, _), c in zip(points, centre, strict=True)}
-                       if points else {}, style["color"])
-    for ax, d_k in zip(axes[0], head_dims, strict=True):
+def plot_over_training(runs: list[dict], rows: list[dict], value_of: Callable, ylabel: str, *,
+                       style: look.Style | None = None, unit: str | None = None,
+                       zoom: bool = False, geometric: bool = False, log_y: bool = False,
+                       extra: Callable | None = None) -> Figure | None:
+    """One panel per d_k (rows of panels by second axis when crowded), one line per policy and
+    second-axis value: the mean over seeds of `value_of(metrics row)`, with a 95% CI band;
+    `geometric`: the geometric mean. `extra(ax, d_k, keys)` draws reference lines."""
+    style = style or look.Style.of(rows)
+    chosen = groups.chosen_runs(runs, rows)
+    curves = {key: groups.over_training([run for run, _ in members], value_of, geometric)
+              for key, members in chosen.items()}
+    curves = {key: points for key, points in curves.items() if points}
+    if not curves:
+        return None
+    grid = groups.grid(list(curves))
+    names = groups.drop_repeats(chosen, grid, lambda members: tuple(id(r) for _, r in members))
+    curves = {key: points for key, points in curves.items() if key in names}
+    fig, axes = look.panels(grid)
+    keys, used, drawn = look.Keys(style), set(), defaultdict(list)
+    for (policy, second, d_k), points in curves.items():
+        index = grid.index(second, d_k)
+        used.add(index)
+        drawn[index].append(points)
+        keys.series(policy, second, min(p.n for p in points))
+        ax, line = axes[index[0]][index[1]], style.line(policy, second)
+        _draw_series(ax, points, line, f"{policy}|{second}|{d_k}", band=True,
+                     marks_every=max(1, len(points) // _MARKS_EVERY))
+        if any(row["status"] == "diverged" for _, row in chosen[(policy, second, d_k)]):
+            ax.plot([points[-1].x], [points[-1].centre], "x", color=line["color"], markersize=9)
+            keys.mark("x: a run diverged (line ends)", color="0.2", marker="x", linestyle="none")
+    for i, j in used:
+        ax, d_k = axes[i][j], grid.d_k(j)
+        ax.set_title(grid.title(i, j), fontsize=9)
+        if log_y:
+            look.log_y(ax)
+        if zoom:
+            _zoom(ax, drawn[(i, j)], [r for r in rows if r["d_k"] == d_k])
+        if extra:
+            extra(ax, d_k, keys)
         if unit:
-            _baselines(ax, [r for r in rows if r["d_k"] == d_k], unit)
+            look.baselines(ax, [r for r in rows if r["d_k"] == d_k], unit, keys)
+    look.axis_labels(axes, used, "step", ylabel)
+    best = " at its best LR" if cmp.has_lr_grid(rows) else ""
+    mean = "geometric mean" if geometric else "mean"
+    return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\n{mean} over seeds"))
+
+
+def _by_x(rows: list[dict], x_of: Callable, key: str, log_y: bool) -> list[groups.Point]:
+    """Per x: the mean of the completed runs' `key` with its 95% CI (geometric for `log_y`)."""
+    by_x: dict = defaultdict(list)
+    for r in rows:
+        if (v := cmp.finished_value(r, key)) is not None and (v > 0 or not log_y):
+            by_x[x_of(r)].append(v)
+    return [groups.Point(x, *groups.summarise(vs, log_y), len(vs)) for x, vs in sorted(by_x.items())]
+
+
+def _at_best_lr(rows: list[dict]) -> list[dict]:
+    """The runs at their setting's best LR (all runs without an LR grid)."""
+    if not cmp.has_lr_grid(rows):
+        return rows
+    key, higher = cmp.primary_metric(rows)
+    best = {(b.setting, b.d_k): b.lr for b in cmp.best_lrs(rows, key, higher)}
+    return [r for r in rows if best.get((cmp.setting(r), r["d_k"]), r["lr"]) == r["lr"]]
+
+
+def _log2_ticks(ax, values: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(v) for v in values])
+    ax.minorticks_off()
+
+
+def plot_final_vs_dk(rows: list[dict], style: look.Style | None = None) -> Figure:
+    """Final bits per byte (MQAR: accuracy) against d_k, one line per policy and second axis
+    (each at its best LR with a grid), 95% CI error bars where n >= 2; `x` on the top edge at a
+    d_k where a run of the series diverged at any LR."""
+    style = style or look.Style.of(rows)
+    key, higher = cmp.primary_metric(rows)
+    second_of = groups.second_axis(rows)
+    members, every = defaultdict(list), defaultdict(list)
+    for r in rows:
+        for second in second_of(r):
+            every[(r["policy"], second)].append(r)
+    for r in _at_best_lr(rows):
+        for second in second_of(r):
+            members[(r["policy"], second)].append(r)
+    grid = groups.grid([(p, s, None) for p, s in every], by_dk=False)
+    fig, axes = look.panels(grid, sharey=True)
+    keys, used = look.Keys(style), set()
+    for (policy, second), series in members.items():
+        points = _by_x(series, lambda r: r["d_k"], key, log_y=False)
+        i, j = grid.index(second, None)
+        ax = axes[i][j]
+        used.add((i, j))
+        line = style.line(policy, second)
+        if points:
+            keys.series(policy, second, min(p.n for p in points))
+            _draw_series(ax, points, line, f"{policy}|{second}", band=False)
+        diverged = sorted({r["d_k"] for r in every[(policy, second)] if r["status"] == "diverged"})
+        if diverged:
+            ax.plot(diverged, [1.0] * len(diverged), "x", color=line["color"], clip_on=False,
+                    transform=ax.get_xaxis_transform(), markersize=8)
+            keys.mark("x (top edge): diverged", color="0.2", marker="x", linestyle="none")
+    for i, j in used:
+        ax = axes[i][j]
+        _log2_ticks(ax, sorted({r["d_k"] for r in rows}))
+        ax.set_title(grid.title(i, j), fontsize=9)
+        look.baselines(ax, rows, "accuracy" if higher else "bpb", keys, corner="left")
+    metric = "recall accuracy" if higher else "validation bits per byte"
+    look.axis_labels(axes, used, "d_k (head_dim)", f"final {metric}")
+    best = " at its best LR" if cmp.has_lr_grid(rows) else ""
+    return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\nmean over seeds"))
+
+
+def plot_against_lr(rows: list[dict], key: str, ylabel: str, *, unit: str | None,
+                    log_y: bool = False, float16_line: bool = False,
+                    style: look.Style | None = None) -> Figure | None:
+    """Final `key` against the learning rate: one panel per d_k (rows by second axis when
+    crowded), one line per policy and second axis with 95% CI error bars where n >= 2 (`log_y`:
+    geometric mean and CI); diverged (x, top edge), spiked (^) and collapsed (v) LRs marked."""
+    style = style or look.Style.of(rows)
+    second_of = groups.second_axis(rows)
+    series = defaultdict(list)
+    for r in rows:
+        for second in second_of(r):
+            series[(r["policy"], second, r["d_k"])].append(r)
+    grid = groups.grid(list(series))
+    series = groups.drop_repeats(series, grid, lambda members: tuple(map(id, members)))
+    fig, axes = look.panels(grid)
+    keys, used = look.Keys(style), set()
+    for (policy, second, d_k), members in series.items():
+        i, j = grid.index(second, d_k)
+        used.add((i, j))
+        line = style.line(policy, second)
+        points = _by_x(members, lambda r: r["lr"], key, log_y)
+        if points:
+            keys.series(policy, second, min(p.n for p in points))
+            _draw_series(axes[i][j], points, line, f"{policy}|{second}|{d_k}", band=False)
+        _mark_unstable(axes[i][j], members, {p.x: p.centre for p in points}, line["color"], keys)
+    for i, j in used:
+        ax, d_k = axes[i][j], grid.d_k(j)
         ax.set_xscale("log")
-        if log_y and d_k in plotted:
-            ax.set_yscale("log")
+        if log_y and ax.get_lines():
+            look.log_y(ax)
         if float16_line:
-            mark_float16_max([ax], [r for r in rows if r["d_k"] == d_k])
-        ax.set_title(f"d_k = {d_k}")
-        ax.set_xlabel("learning rate")
-        _legend(ax, loc="best")
-    _save(fig, axes, ylabel, path)
+            look.float16_max(ax, rows, keys)
+        if unit:
+            look.baselines(ax, [r for r in rows if r["d_k"] == d_k], unit, keys, corner="left")
+        ax.set_title(grid.title(i, j), fontsize=9)
+    look.axis_labels(axes, used, "learning rate", ylabel)
+    what = "geometric mean over seeds" if log_y else "mean over seeds"
+    return look.finish(fig, axes, used, keys, keys.title(what))
 
 
-def _mark_unstable(ax, by_lr: dict[float, list[dict]], means: dict[float, float],
-                   colour: str) -> None:
+def _mark_unstable(ax, members: list[dict], centres: dict[float, float], colour: str,
+                   keys: look.Keys) -> None:
+    by_lr = defaultdict(list)
+    for r in members:
+        by_lr[r["lr"]].append(r)
+    marks = (("spike_step", "^", "^: a run spiked"), ("collapse_step", "v", "v: a run collapsed"))
     for lr, runs in by_lr.items():
         if any(r["status"] == "diverged" for r in runs):
-            ax.plot([lr], [1.0], "x", color=colour, markersize=9,
+            ax.plot([lr], [1.0], "x", color=colour, markersize=8,
                     transform=ax.get_xaxis_transform(), clip_on=False)
-        if lr not in means:
-            continue
-        if any(r.get("spike_step") is not None for r in runs):
-            ax.plot([lr], [means[lr]], "^", color=colour, markersize=11, fillstyle="none")
-        if any(r.get("collapse_step") is not None for r in runs):
-            ax.plot([lr], [means[lr]], "v", color=colour, markersize=11, fillstyle="none")
+            keys.mark("x (top edge): diverged", color="0.2", marker="x", linestyle="none")
+        for field, marker, label in marks:
+            if lr in centres and any(r.get(field) not in (None, "") for r in runs):
+                ax.plot([lr], [centres[lr]], marker, color=colour, markersize=10,
+                        fillstyle="none")
+                keys.mark(label, color="0.2", marker=marker, fillstyle="none", linestyle="none")
 
 
-def plot_logits_over_training(runs: list[dict], rows: list[dict], path: str) -> bool:
-    """Max |attention logit| per layer over training (Wortsman et al. 2023 Fig. 1): one panel
-    per (setting, d_k) and layer, one line per learning rate (mean over seeds)."""
-    layers = sorted({int(k.rsplit("layer", 1)[1]) for r in rows for k in r
-                     if k.startswith("max_attention_logit/layer")})
-    if not layers:
-        return False
-    groups = defaultdict(lambda: defaultdict(list))
-    for run, row in zip(runs, rows, strict=True):
-        groups[(cmp.setting(row), row["d_k"])][row["lr"]].append(run)
-    lrs = sorted({r["lr"] for r in rows})
-    colours = colormaps["viridis"]
-    fig, axes = _panels(len(layers), len(groups), width=4, height=2.8)
-    for i, ((name, d_k), by_lr) in enumerate(groups.items()):
-        for j, layer in enumerate(layers):
-            ax = axes[i][j]
-            stat = lambda row, layer=layer: row.get(f"attn/layer{layer}/max_abs_logit")  # noqa: E731
-            for lr, members in sorted(by_lr.items()):
-                points = _mean_series(members, stat)
-                if points:
-                    shade = colours(lrs.index(lr) / max(len(lrs) - 1, 1))
-                    ax.plot([p[0] for p in points], [p[1] for p in points], color=shade,
-                            label=f"lr {lr:.3g}")
-            if ax.has_data():
-                ax.set_yscale("log")
-                mark_float16_max([ax], rows)
-            ax.set_title(f"{name}, d_k={d_k}, layer {layer}", fontsize=8)
-            _legend(ax, loc="upper left", fontsize=5)
-    for ax in axes[-1]:
-        ax.set_xlabel("step")
-    for row_axes in axes:
-        row_axes[0].set_ylabel("max |attention logit|")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    return True
-
-
-def plot_learned_scale(rows: list[dict], path: str) -> bool:
-    learned = [r for r in rows if r["final_learned_scale"] is not None]
+def plot_learned_scale(rows: list[dict], style: look.Style | None = None) -> Figure | None:
+    """Each run's final learned scale (mean over layers) against d_k, beside 1/√d_k."""
+    learned = [r for r in rows if r.get("final_learned_scale") not in (None, "")]
     if not learned:
-        return False
-    fig, axes = _panels(1, width=5.5, height=4)
-    ax = axes[0][0]
-    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in learned)):
+        return None
+    style = style or look.Style.of(rows)
+    fig = Figure(figsize=(5.5 + look.LEGEND_INCHES, 4), layout="constrained")
+    ax = fig.subplots()
+    keys = look.Keys(style)
+    for policy in dict.fromkeys(r["policy"] for r in learned):
         points = sorted((r["d_k"], r["final_learned_scale"]) for r in learned
                         if r["policy"] == policy)
-        ax.plot(*zip(*points, strict=True), "o", color=f"C{i}", label=f"{policy} (final)")
+        ax.plot(*zip(*points, strict=True), "o", color=style.colours[policy], gid=policy,
+                alpha=0.8)
+        keys.series(policy, "", 1)
     head_dims = sorted({r["d_k"] for r in rows})
-    ax.plot(head_dims, [1 / math.sqrt(d) for d in head_dims], "k--", label="1/√d_k")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("d_k")
-    ax.set_ylabel("learned scale (mean over layers)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    ax.plot(head_dims, [1 / math.sqrt(d) for d in head_dims], "k--")
+    keys.mark("1/√d_k", color="k", linestyle="--")
+    _log2_ticks(ax, head_dims)
+    look.log_y(ax)
+    ax.set_xlabel("d_k (head_dim)")
+    ax.set_ylabel("final learned scale (mean over layers)")
+    return look.finish(fig, [[ax]], {(0, 0)}, keys, "one point per run")
 
 
-def plot_learned_scale_over_training(runs: list[dict], rows: list[dict], path: str) -> bool:
-    """The learned scale (mean over layers) over training, one panel per d_k, one line per
-    setting (at its best LR with an LR grid; mean over seeds with a 95% CI band), against the
-    dashed 1/√d_k line: where the scale heads, and whether it got there, not just where it
-    ended. False (nothing drawn) when no run has a learned scale."""
+def _inv_sqrt_dk(ax, d_k: int, keys: look.Keys) -> None:
+    ax.axhline(1 / math.sqrt(d_k), color="k", linestyle="--", linewidth=1)
+    keys.mark("1/√d_k", color="k", linestyle="--")
+
+
+def plot_learned_scale_over_training(runs: list[dict], rows: list[dict],
+                                     style: look.Style | None = None) -> Figure | None:
+    """The learned scale (mean over layers) over training against the dashed 1/√d_k line:
+    where the scale heads, and whether it got there. None when no run has a learned scale."""
     chosen = [(run, row) for run, row in zip(runs, rows, strict=True)
               if row.get("final_learned_scale") is not None]
     if not chosen:
-        return False
-    head_dims = sorted({row["d_k"] for _, row in chosen})
-    fig, axes = _panels(len(head_dims))
-    groups = _training_groups(*map(list, zip(*chosen, strict=True)))
-    styles = _styles([{**row, "label": label} for (label, _), members in groups.items()
-                      for _, row in members], lambda r: r["label"])
-    for (label, d_k), members in groups.items():
-        points = _mean_series([run for run, _ in members],
-                              lambda r: rm.layer_mean(r, "learned_scale"))
-        if not points:
-            continue
-        ax, style = axes[0][head_dims.index(d_k)], styles[label]
-        steps, means, halves = zip(*points, strict=True)
-        ax.plot(steps, means, color=style["color"], linestyle=style["linestyle"], label=label)
-        ax.fill_between(steps, [m - h for m, h in zip(means, halves, strict=True)],
-                        [m + h for m, h in zip(means, halves, strict=True)],
-                        color=style["color"], alpha=0.2)
-    for ax, d_k in zip(axes[0], head_dims, strict=True):
-        ax.axhline(1 / math.sqrt(d_k), color="k", linestyle="--", linewidth=1,
-                   label=f"1/√d_k = {1 / math.sqrt(d_k):.3g}")
-        ax.set_yscale("log")
-        ax.set_title(f"d_k = {d_k}")
-        ax.set_xlabel("step")
-        _legend(ax, loc="upper right")
-    _save(fig, axes, "learned scale (mean over layers)", path)
-    return True
+        return None
+    runs, rows_learned = map(list, zip(*chosen, strict=True))
+    return plot_over_training(runs, rows_learned, lambda r: rm.layer_mean(r, "learned_scale"),
+                              "learned scale (mean over layers)", style=style or look.Style.of(rows),
+                              log_y=True, extra=_inv_sqrt_dk)
 
 
-FLOAT16_MAX = 65504.0  # the largest finite float16: a logit above it overflows to inf
+def row_plots(rows: list[dict], style: look.Style) -> dict[str, Figure]:
+    """The plots drawn from summary rows alone (summary.csv suffices)."""
+    key, higher = cmp.primary_metric(rows)
+    out = {"final_bpb_vs_dk.png": plot_final_vs_dk(rows, style)}
+    if cmp.has_lr_grid(rows):
+        metric = "recall accuracy" if higher else "validation bits per byte"
+        out["loss_vs_lr.png"] = plot_against_lr(rows, key, f"final {metric}", style=style,
+                                                unit="accuracy" if higher else "bpb")
+        layers = sorted({k for r in rows for k in r if k.startswith("max_attention_logit/layer")})
+        for layer_key in layers:  # Wortsman et al. 2023 Fig. 2: logit growth against LR
+            layer = layer_key.rsplit("/", 1)[1]
+            out[f"max_logit_vs_lr_{layer}.png"] = plot_against_lr(
+                rows, layer_key, f"max |attention logit| over training, {layer}", unit=None,
+                log_y=True, float16_line=True, style=style)
+    out["learned_scale_vs_dk.png"] = plot_learned_scale(rows, style)
+    return {name: fig for name, fig in out.items() if fig is not None}
 
 
-def mark_float16_max(axes, rows: list[dict]) -> None:
-    """A red line at float16's largest value on max-logit axes, when the sweep has float16
-    runs (`train.dtype`), so the reader sees which runs' logits could not be held in float16."""
-    if not any(str(r.get("override:train.dtype")) == "float16" for r in rows):
-        return
-    for ax in axes:
-        ax.axhline(FLOAT16_MAX, color="red", linestyle=":", linewidth=1,
-                   label="float16 max 65504")
+def training_plots(runs: list[dict], rows: list[dict], style: look.Style) -> dict[str, Figure]:
+    """The plots over training, drawn from the runs' metrics rows."""
+    _, higher = cmp.primary_metric(rows)
+    value, ylabel = ((lambda r: r.get("val/accuracy"), "validation recall accuracy") if higher
+                     else (_val_bpb, "validation bits per byte"))
+    out = {
+        "val_loss_curves.png": plot_over_training(
+            runs, rows, value, ylabel, style=style, unit="accuracy" if higher else "bpb",
+            zoom=not higher),
+        "entropy_over_training.png": plot_over_training(
+            runs, rows, lambda r: rm.layer_mean(r, "entropy_normalised"),
+            "attention entropy / ln(keys),\nmean over layers", style=style),
+        "max_logit_over_training.png": plot_over_training(
+            runs, rows, lambda r: rm.layer_max(r, "max_abs_logit"),
+            "max |attention logit|, max over layers", style=style, geometric=True, log_y=True,
+            extra=lambda ax, d_k, keys: look.float16_max(ax, rows, keys)),
+        "learned_scale_over_training.png": plot_learned_scale_over_training(runs, rows, style),
+    }
+    return {name: fig for name, fig in out.items() if fig is not None}
+
+
+def build_plots(runs: list[dict], rows: list[dict]) -> dict[str, Figure]:
+    """Every plot the runs support, by file name, in one style (colours by policy)."""
+    style = look.Style.of(rows)
+    return {**training_plots(runs, rows, style), **row_plots(rows, style)}
 
 
 def write_plots(runs: list[dict], rows: list[dict], out: str) -> list[str]:
     """Every plot the runs support, written under `out`; returns the file names."""
-    key, higher = cmp.primary_metric(rows)
-    path = lambda name: os.path.join(out, name)  # noqa: E731
-    plot_curves(runs, rows, lambda r: r.get("val/loss"), "validation loss (nats/byte)",
-                path("val_loss_curves.png"), unit="nats" if not higher else None, zoom=True)
-    plot_curves(runs, rows, lambda r: rm.layer_mean(r, "entropy_normalised"),
-                "attention entropy / ln(keys)", path("entropy_over_training.png"))
-    plot_final_vs_dk(rows, path("final_bpb_vs_dk.png"))
-    written = ["val_loss_curves.png", "entropy_over_training.png", "final_bpb_vs_dk.png"]
-    if cmp.has_lr_grid(rows):
-        plot_against_lr(rows, key, f"final {key.removeprefix('final_')} (mean ± 95% CI)",
-                        path("loss_vs_lr.png"), unit="accuracy" if higher else "bpb")
-        layers = sorted({k for r in rows for k in r if k.startswith("max_attention_logit/layer")})
-        for layer_key in layers:  # Wortsman et al. 2023 Fig. 2: logit growth against LR
-            name = f"max_logit_vs_lr_{layer_key.rsplit('/', 1)[1]}.png"
-            plot_against_lr(rows, layer_key, f"max |attention logit|, {layer_key.rsplit('/', 1)[1]}",
-                            path(name), unit=None, log_y=True, float16_line=True)
-            written.append(name)
-        written.append("loss_vs_lr.png")
-    if plot_logits_over_training(runs, rows, path("max_logit_over_training.png")):
-        written.append("max_logit_over_training.png")
-    if plot_learned_scale(rows, path("learned_scale_vs_dk.png")):
-        written.append("learned_scale_vs_dk.png")
-    if plot_learned_scale_over_training(runs, rows, path("learned_scale_over_training.png")):
-        written.append("learned_scale_over_training.png")
-    return written
+    figures = build_plots(runs, rows)
+    for name, fig in figures.items():
+        look.save(fig, os.path.join(out, name))
+    return list(figures)

@@ -1,0 +1,192 @@
+"""The report's plots at the shipped sweeps' sizes, from synthetic run files (tests/synthetic_sweep):
+the largest grid (dk_sweep's policies × its 2 inits × 8 cells of both arms × 3 seeds, written out
+here so that a change to the accelerator grid does not change the test), dk_sweep's cpu grid (an
+LR grid, two arms sharing a cell) and its quick grid (one seed). Checked: image sizes, one legend per figure clear of
+every panel, every series drawn and no panel crowded, one colour per policy across plots, the
+drawn values against numpy, baselines drawn or named, intervals only where n >= 2."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import synthetic_sweep as syn
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+from experiments import dk_sweep
+from scale_ablation import report
+from scale_ablation.analysis import plot_groups, plot_style
+from scale_ablation.analysis import plots as report_plots
+
+STEPS = tuple(range(0, 601, 100))
+D_MODEL, FIXED_HEADS = 512, 4
+CELLS = [(D_MODEL // d, d) for d in (16, 64, 256, 512)] + [(FIXED_HEADS, d) for d in (16, 64, 256, 1024)]
+
+
+def grid(arg: str | None) -> tuple[dict, list[dict]]:
+    """(config dict, points): `None` is the largest grid, else dk_sweep's own."""
+    if arg is not None:
+        return dk_sweep.get_config(arg).to_dict(), dk_sweep.sweep(arg)
+    config = dk_sweep.get_config("quick").to_dict()
+    config["model"]["d_model"] = D_MODEL
+    return config, [{"policy": policy, "model.num_heads": heads, "model.head_dim": d_k,
+                     "model.init": init, "train.seed": seed}
+                    for init in dk_sweep.INITS for policy in dk_sweep.POLICIES
+                    for heads, d_k in CELLS for seed in (0, 1, 2)]
+CURVES = ("val_loss_curves.png", "entropy_over_training.png", "max_logit_over_training.png")
+
+
+def render(arg: str | None, out) -> tuple[list, list, dict]:
+    with pytest.MonkeyPatch.context() as patch:  # the data is not read: fixed count baselines
+        patch.setattr(report, "_baselines", lambda config: dict(syn.BASELINES))
+        runs = syn.runs(*grid(arg), STEPS)
+        rows = [report.summarise_run(run) for run in runs]
+    figures = report_plots.build_plots(runs, rows)
+    for name, fig in figures.items():
+        plot_style.save(fig, str(out / name))
+        FigureCanvasAgg(fig).draw()  # for the bounding boxes below
+    return runs, rows, figures
+
+
+@pytest.fixture(scope="module", params=[None, "cpu"], ids=["default", "cpu"])
+def sweep(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"plots_{request.param}")
+    return (request.param, out, *render(request.param, out))
+
+
+def expected_series(arg: str | None) -> set[tuple[str, str, int]]:
+    """(policy, second axis, d_k) of every cell of the grid, from the experiment's own cells:
+    the fixed-width arm is num_heads × d_k = d_model, the fixed-heads arm FIXED_HEADS."""
+    config, points = grid(arg)
+    d_model = config["model"]["d_model"]
+    fixed = FIXED_HEADS if arg is None else dk_sweep.FIXED_HEADS[arg]
+    out = set()
+    for point in points:
+        heads, d_k = point["model.num_heads"], point["model.head_dim"]
+        arms = ([f"width {d_model}"] if heads * d_k == d_model else []) + (
+            [f"{heads} head{'s' if heads > 1 else ''}"] if heads == fixed else [])
+        init = f"init={point['model.init']}, " if "model.init" in point else ""
+        out |= {(point["policy"], init + arm, d_k) for arm in arms}
+    return out
+
+
+def drawn(fig) -> dict[str, list]:
+    """gid -> [(axes, line)] of every series line in the figure's visible panels."""
+    out: dict = {}
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if ax.get_visible() and line.get_gid():
+                out.setdefault(line.get_gid(), []).append((ax, line))
+    return out
+
+
+def test_images_within_the_size_cap(sweep):
+    arg, out, _, _, figures = sweep
+    names = {*CURVES, "final_bpb_vs_dk.png", "learned_scale_over_training.png",
+             "learned_scale_vs_dk.png"} if arg is None else {
+        *CURVES, "final_bpb_vs_dk.png", "loss_vs_lr.png", "max_logit_vs_lr_layer0.png",
+        "max_logit_vs_lr_layer1.png"}
+    assert set(figures) == names
+    for name in names:
+        header = (out / name).read_bytes()[:24]
+        width, height = struct.unpack(">II", header[16:24])  # PNG IHDR
+        assert header[:4] == b"\x89PNG" and 300 <= width <= 2400 and 200 <= height <= 2400, name
+
+
+def test_one_legend_per_figure_clear_of_every_panel(sweep):
+    *_, figures = sweep
+    for name, fig in figures.items():
+        renderer = fig.canvas.get_renderer()
+        assert not any(ax.get_legend() for ax in fig.axes), name
+        (legend,) = fig.legends
+        box = legend.get_window_extent(renderer)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 + 1, name  # not cut off
+        assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1 + 1, name
+        for ax in fig.axes:
+            if ax.get_visible():
+                assert not box.overlaps(ax.get_window_extent(renderer)), (name, ax.get_title())
+
+
+def test_every_series_drawn_and_no_panel_crowded(sweep):
+    arg, *_, figures = sweep
+    cells = expected_series(arg)
+    for name in CURVES:
+        gids = set(drawn(figures[name]))
+        if arg is None:  # small multiples: a cell two arms share is drawn in each arm's row
+            assert gids == {f"{p}|{s}|{d}" for p, s, d in cells}, name
+        else:  # one row: the shared cell (1 head × 128 = d_model) drawn once
+            assert {(p, d) for p, _, d in (g.split("|") for g in gids)} == {
+                (p, str(d)) for p, _, d in cells}, name
+            assert len(gids) == len({(p, d) for p, _, d in cells}), name
+    final = set(drawn(figures["final_bpb_vs_dk.png"]))
+    assert final == {f"{p}|{s}" for p, s, _ in cells}
+    for fig in figures.values():
+        for ax in fig.axes:
+            assert len({line.get_gid() for line in ax.get_lines() if line.get_gid()}) <= 8
+
+
+def test_one_colour_per_policy_in_every_plot(sweep):
+    *_, figures = sweep
+    colours: dict = {}
+    for fig in figures.values():
+        for gid, lines in drawn(fig).items():
+            colours.setdefault(gid.split("|")[0], set()).update(
+                line.get_color() for _, line in lines)
+    assert all(len(found) == 1 for found in colours.values()), colours
+    assert len({next(iter(found)) for found in colours.values()}) == len(colours)
+
+
+def test_drawn_values_are_means_over_seeds(sweep):
+    """Validation bpb: the mean over seeds; max logit: the geometric mean over seeds of the
+    max over layers (layer 1's, by construction), computed here with numpy."""
+    arg, _, _, _, figures = sweep
+    if arg is not None:
+        pytest.skip("the default grid carries the check")
+    index = list(dk_sweep.POLICIES).index("inv_log_dk")
+    second, d_k, seeds = "init=gpt2, 4 heads", 64, (0, 1, 2)
+    gid = f"inv_log_dk|{second}|{d_k}"
+    ((_, line),) = drawn(figures["val_loss_curves.png"])[gid]
+    lr = grid(None)[0]["train"]["lr"]
+    expected = [np.mean([syn.bpb(index, "gpt2", d_k, s, step, lr) for s in seeds])
+                for step in STEPS]
+    np.testing.assert_allclose(line.get_ydata(), expected, rtol=1e-12)
+    ((_, line),) = drawn(figures["max_logit_over_training.png"])[gid]
+    expected = [np.exp(np.mean(np.log([syn.max_logit(index, 1, d_k, s, step) for s in seeds])))
+                for step in STEPS]
+    np.testing.assert_allclose(line.get_ydata(), expected, rtol=1e-12)
+
+
+def test_baselines_drawn_or_named_at_the_edge(sweep):
+    *_, figures = sweep
+    for name in ("val_loss_curves.png", "final_bpb_vs_dk.png"):
+        for ax in figures[name].axes:
+            if not ax.get_visible():
+                continue
+            low, high = ax.get_ylim()
+            lines = {round(line.get_ydata()[0], 6) for line in ax.get_lines()
+                     if line.get_color() == plot_style.GREY}
+            texts = " ".join(t.get_text() for t in ax.texts)
+            for value, label in ((syn.UNIGRAM_BPB, "unigram"), (syn.BIGRAM_BPB, "bigram")):
+                inside = low <= value <= high
+                assert (value in lines) if inside else (f"{label} {value:.3g}" in texts), (
+                    name, ax.get_title(), label)
+
+
+def test_intervals_only_where_n_at_least_2_and_n_said(tmp_path):
+    """The quick grid has one seed: no bands, no error bars, and every legend says n = 1."""
+    _, _, figures = render("quick", tmp_path)
+    for name, fig in figures.items():
+        if name != "learned_scale_vs_dk.png":  # a point per run, no mean: said in its legend
+            assert "n = 1" in fig.legends[0].get_title().get_text(), name
+        for ax in fig.axes:
+            assert not ax.collections, (name, ax.get_title())  # fill_between, error bars
+
+
+def test_arms_of_the_cpu_grid():
+    """dk_sweep cpu's cells: 8 × 16 and 1 × 128 are the fixed width (d_model 128), 1 × 128 and
+    1 × 512 the fixed single head; the shared cell is in both."""
+    rows = [{"d_k": d, "override:model.num_heads": h} for h, d in dk_sweep.cells("cpu")]
+    arms = plot_groups.arms(rows)
+    assert [arms(r) for r in rows] == [["width 128"], ["width 128", "1 head"], ["1 head"]]
+    assert plot_groups.arms([{"d_k": 16}])({"d_k": 16}) == [""]
