@@ -38,6 +38,8 @@ def attention_stats(
     centred = jnp.where(visible, logits - mean[None, :, None, None], 0)
     logit_std = jnp.sqrt((centred**2).sum(axis=(0, 2, 3)) / count)
     max_abs_logit = jnp.where(visible, jnp.abs(logits), 0).max(axis=(0, 2, 3))
+    # μP's coordinate size of the logits (the coordinate check, `LanguageModel.coordinates`).
+    mean_abs_logit = jnp.where(visible, jnp.abs(logits), 0).sum(axis=(0, 2, 3)) / count
 
     entropy = -(jnp.where(visible, probs * jnp.log(jnp.maximum(probs, 1e-30)), 0)).sum(-1)  # [B,H,Tq]
     keys_seen = mask.sum(-1).astype(jnp.float32)  # [Tq]
@@ -55,6 +57,7 @@ def attention_stats(
     return {
         "logit_std": logit_std,
         "max_abs_logit": max_abs_logit,
+        "mean_abs_logit": mean_abs_logit,
         "entropy": over_queries(entropy),
         "entropy_normalised": over_queries(normalised, has_choice),
         "max_weight": over_queries(max_weight, has_choice),

@@ -5,6 +5,12 @@ updates, so that runs differing only in lr share one compiled program (and one e
 `train.scale_lr_multiplier` gives the scale policy's own parameters (every leaf under a
 layer's `policy_params`: a learned scale's `log_scale`, log-length's `s`, QK-norm gains) a
 learning rate that many times the others'.
+
+Under `model.parametrization=mup`, Adam's step of each matrix-like parameter is multiplied by
+base fan_in / fan_in (`scale_ablation.model.base_shapes`), before the weight decay: the mup
+package's `MuAdamW` divides such a group's lr by the width multiplier and multiplies its
+weight_decay by it, which leaves the decoupled decay lr·wd·p as it was. Under `sp` there is no
+such step at all: the optimiser (and its state) is the one it always was.
 """
 
 from __future__ import annotations
@@ -14,8 +20,12 @@ import functools
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
+
+from scale_ablation.model import base_shapes
+from scale_ablation.training import run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +37,18 @@ class OptimizerSettings:
     grad_clip: float
     weight_decay: float
     scale_lr_multiplier: float = 1.0  # LR of the scale policy's parameters / everyone else's
+    # μP: (keystr path, Adam-step multiplier) of each parameter whose multiplier is not 1.
+    param_lr_multipliers: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict) -> OptimizerSettings:
         t = config.train
         # Configs written before the field existed train as they did: multiplier 1.
+        multipliers = ()
+        if config.model.get("parametrization", "sp") != "sp":
+            multipliers = base_shapes.lr_multipliers(run_config.model_config(config))
         return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay),
-                   float(t.get("scale_lr_multiplier", 1.0)))
+                   float(t.get("scale_lr_multiplier", 1.0)), multipliers)
 
 
 # The NNX attribute that holds a layer's scale-policy parameters (attention.SelfAttention).
@@ -45,6 +60,27 @@ def scale_policy_mask(params):
     def is_policy(path, _leaf) -> bool:
         return any(getattr(key, "key", None) == POLICY_PARAMS for key in path)
     return jax.tree_util.tree_map_with_path(is_policy, params)
+
+
+def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientTransformation:
+    """Multiply each update leaf whose keystr path is listed by its multiplier (stateless)."""
+    table = dict(multipliers)
+
+    def update(updates, state, params=None):
+        def scale(path, leaf):
+            factor = table.get(jax.tree_util.keystr(path))
+            return leaf if factor is None else leaf * jnp.asarray(factor, leaf.dtype)
+        return jax.tree_util.tree_map_with_path(scale, updates), state
+
+    def init(params):
+        # A path that names no parameter would leave its multiplier silently unapplied.
+        present = {jax.tree_util.keystr(path)
+                   for path, _ in jax.tree_util.tree_leaves_with_path(params)}
+        if missing := sorted(set(table) - present):
+            raise ValueError(f"LR multipliers for parameters the model lacks: {missing[:3]}")
+        return optax.EmptyState()
+
+    return optax.GradientTransformation(init, update)
 
 
 def lr_multiplier(config: ml_collections.ConfigDict | OptimizerSettings) -> optax.Schedule:
@@ -83,6 +119,8 @@ def make_optimizer(
         # when it changes something: multiplier 1 keeps the optimiser state of earlier runs.
         parts.insert(2, optax.masked(optax.scale(settings.scale_lr_multiplier),
                                      scale_policy_mask))
+    if settings.param_lr_multipliers:  # μP: Adam's step only, not the decay (MuAdamW)
+        parts.insert(1, scale_by_path(settings.param_lr_multipliers))
     if settings.grad_clip > 0:
         parts.insert(0, optax.clip_by_global_norm(settings.grad_clip))
     return optax.chain(*parts)

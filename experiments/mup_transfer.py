@@ -1,0 +1,75 @@
+r"""Learning-rate transfer across width under SP and μP, for 1/√d_k, μP's 1/d_k and QK-LayerNorm.
+
+  python -m scale_ablation.sweep --config=experiments/mup_transfer.py:cpu \
+      --workdir=runs/mup_transfer_cpu
+  python -m scale_ablation.coord_check --config=experiments/mup_transfer.py:cpu \
+      --widths=64,128,256,512 --steps=10 --seeds=3 --out=runs/mup_transfer_cpu/coord_check
+
+Width w sets d_model = w with the heads' count fixed (head_dim = w / num_heads, so d_k grows
+with the width, the axis the attention scale acts on). μP's base is the smallest width; at it
+μP is SP and `mup_inv_dk:<base head dim>` is 1/√d_k. Each (parametrisation, policy, width) runs a
+×2 LR grid × seeds; the question (Yang et al. 2022; Lingle 2024, whose table found that 1/√d_k
+can break μ-transfer) is whether the located best LR stays within one grid step across widths
+(`scale_ablation.analysis.transfer`).
+
+Variants: `cpu` (2 cores: widths 64-512, 4 heads, 2 layers, 200 steps of 8 × 64 bytes; 6 LRs ×
+2 parametrisations × 3 policies × 2 seeds × 4 widths = 288 runs, about two hours by the estimate
+in the README's μP section), default (one accelerator: widths 256-2048, 8 heads, 4 layers, 2000
+steps) and `quick` (tests: widths 32 and 64, 2 LRs, 1 seed, a few seconds a run).
+"""
+
+from experiments import base
+from scale_ablation.analysis import transfer
+
+POLICIES = ("inv_sqrt_dk", "mup_inv_dk", "qk_layernorm")  # mup_inv_dk gets the base head dim
+SIZES = {  # widths, heads, layers, steps, batch, seq_len, LR grid (×2), seeds
+    "quick": ((32, 64), 2, 1, 10, 4, 32, (4e-3, 8e-3), (0,)),
+    "cpu": ((64, 128, 256, 512), 4, 2, 200, 8, 64, tuple(1e-3 * 2**k for k in range(6)), (0, 1)),
+    None: ((256, 512, 1024, 2048), 8, 4, 2000, 64, 256, tuple(2.5e-4 * 2**k for k in range(8)),
+           (0, 1, 2)),
+}
+
+
+def get_config(arg: str | None = None):
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    widths, heads, layers, steps, batch, seq_len, _, _ = SIZES[arg]
+    config = base.get_config({None: "gpu"}.get(arg, "quick" if arg == "quick" else "cpu"))
+    config.wandb.tags = ("mup_transfer",)
+    m, t = config.model, config.train
+    m.d_model, m.num_heads, m.num_layers = widths[0], heads, layers
+    m.head_dim = widths[0] // heads
+    m.base_d_model, m.base_head_dim = widths[0], widths[0] // heads
+    config.data.seq_len, config.data.val_batches = seq_len, 2 if arg else 8
+    t.steps, t.batch_size, t.warmup_steps = steps, batch, max(steps // 20, 1)
+    t.log_every, t.eval_every, t.diag_every = max(steps // 10, 1), steps, 0
+    config.checkpoint.every = steps
+    if arg == "quick":
+        config.data.test_bytes = 0
+    return config
+
+
+def policy_spec(policy: str, arg: str | None) -> str:
+    base_head_dim = SIZES[arg][0][0] // SIZES[arg][1]
+    return f"mup_inv_dk:{base_head_dim}" if policy == "mup_inv_dk" else policy
+
+
+def sweep(arg: str | None = None) -> list[dict]:
+    widths, heads, _, _, _, _, lrs, seeds = SIZES[arg]
+    return [
+        {"model.parametrization": parametrization, "policy": policy_spec(policy, arg),
+         "model.d_model": width, "model.head_dim": width // heads, "train.lr": float(f"{lr:.3g}"),
+         "train.seed": seed}
+        for parametrization in ("sp", "mup")
+        for policy in POLICIES
+        for width in widths
+        for lr in lrs
+        for seed in seeds
+    ]
+
+
+def transfer_claims(arg: str | None = None) -> list[transfer.Transfer]:
+    """The transfer rules of this study (judged by `transfer.Transfer.judge`)."""
+    mup_1_over_dk = ("mup", policy_spec("mup_inv_dk", arg))
+    return [transfer.Transfer((mup_1_over_dk,), expect=True),
+            transfer.Transfer((("sp", "inv_sqrt_dk"),), expect=False),
+            transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=True)]

@@ -1,0 +1,129 @@
+"""The coordinate check (mup's `get_coord_data`, Yang et al. 2022 §D): train each width a few
+steps and record the mean |x| of each activation family at every step.
+
+Rules, stated once:
+- Width w sets `model.d_model = w` and `model.head_dim = w · head_dim / d_model` of the config
+  (the heads' count fixed, so d_k grows with the width: the axis the attention scale acts on).
+  μP's base shape is the config's `model.base_d_model` (else the smallest width), with its
+  head dim by the same ratio.
+- Under μP the attention scale is μP's own `mup_inv_dk:<base head dim>` unless told to keep
+  the config's policy; under SP the config's policy is used.
+- The learning rate is constant (no warmup; the schedule's cosine stretched over 10⁶ steps),
+  as in mup's check. The value "at step t" is the forward pass on step t's batch before its
+  update: step 1 is the initialisation.
+- The verdict of a quantity is the least-squares slope of log value against log width at the
+  last step, averaged over seeds first: "flat" when |slope| <= tolerance, else "grows" or
+  "shrinks". SLOPE_TOLERANCE = 0.25: under a quarter of a power of the width (x1.19 per
+  doubling), against the slope of 1 that SP's Adam gives the output logits and 0.5 that μP's
+  readout gives them at initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from scale_ablation.data import sources as data_lib
+from scale_ablation.errors import ConfigError
+from scale_ablation.training import optim, run_config, runs
+from scale_ablation.training import steps as steps_lib
+from scale_ablation.training.experiment_files import apply_overrides
+
+QUANTITIES = ("embedding", "attn_logits", "attn_output", "mlp_output", "residual",
+              "output_logits")
+SLOPE_TOLERANCE = 0.25
+CONSTANT_LR_STEPS = 10**6  # the cosine's length: its value after 10 steps is 1 - 2e-10
+
+CoordData = dict[str, dict[str, dict[str, list[float]]]]  # param -> width -> quantity -> steps
+
+
+def width_config(config: ml_collections.ConfigDict, width: int, parametrization: str,
+                 base_width: int, *, mup_attention: bool = True) -> ml_collections.ConfigDict:
+    """The config of one width (see the module's rules); ConfigError naming a bad field."""
+    d_model, head_dim = config.model.d_model, config.model.head_dim
+    if (width * head_dim) % d_model or (base_width * head_dim) % d_model:
+        raise ConfigError(f"--widths: {width} (and the base {base_width}) times model.head_dim="
+                          f"{head_dim} / model.d_model={d_model} must be whole head dims")
+    base_head_dim = base_width * head_dim // d_model
+    overrides = {"model.d_model": width, "model.head_dim": width * head_dim // d_model,
+                 "model.parametrization": parametrization, "model.base_d_model": base_width,
+                 "model.base_head_dim": base_head_dim, "train.warmup_steps": 0,
+                 "train.steps": CONSTANT_LR_STEPS}
+    if parametrization == "mup" and mup_attention:
+        overrides["policy"] = f"mup_inv_dk:{base_head_dim}"
+        overrides["layer_policies"] = ""
+    out = apply_overrides(config, overrides)
+    run_config.validate(out)
+    return out
+
+
+def _programs(config: ml_collections.ConfigDict):
+    graphdef, _ = runs.init_state(config)
+    train_step = jax.jit(steps_lib.make_train_step(graphdef, optim.make_optimizer(config),
+                                                   float(config.train.z_loss)))
+
+    @jax.jit
+    def coordinates(state, inputs):
+        model = nnx.merge(graphdef, state["params"], state["rest"])
+        return model.coordinates(inputs)
+
+    return train_step, coordinates
+
+
+def run_seed(config: ml_collections.ConfigDict, num_steps: int, seed: int) -> dict[str, list]:
+    """quantity -> [mean |x| at step 1, ..., step num_steps] of one seed."""
+    config = apply_overrides(config, {"train.seed": seed})
+    train_step, coordinates = _programs(config)
+    _, state = runs.init_state(config)
+    source = data_lib.make_source(config.data, seed=seed)
+    found: dict[str, list] = {q: [] for q in QUANTITIES}
+    for step in range(num_steps):
+        batch = source.train_batch(step, config.train.batch_size, config.data.seq_len)
+        arrays = {"inputs": jnp.asarray(batch.inputs), "targets": jnp.asarray(batch.targets),
+                  "weights": jnp.asarray(batch.weights)}
+        for name, value in coordinates(state, arrays["inputs"]).items():
+            found[name].append(float(value))
+        state, _ = train_step(state, arrays, steps_lib.dropout_key(seed, step))
+    return found
+
+
+def coord_data(configs: dict[str, dict[int, ml_collections.ConfigDict]], num_steps: int,
+               seeds: int) -> CoordData:
+    """parametrisation -> width -> quantity -> mean over seeds at each step."""
+    out: CoordData = {}
+    for name, by_width in configs.items():
+        out[name] = {}
+        for width, config in by_width.items():
+            runs_ = [run_seed(config, num_steps, seed) for seed in range(seeds)]
+            out[name][str(width)] = {q: np.mean([r[q] for r in runs_], axis=0).tolist()
+                                     for q in QUANTITIES}
+    return out
+
+
+def slope(widths: list[int], values: list[float]) -> float:
+    """Least-squares slope of log value against log width."""
+    x, y = np.log(np.asarray(widths, float)), np.log(np.asarray(values, float))
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def verdict(value: float, tolerance: float = SLOPE_TOLERANCE) -> str:
+    if not math.isfinite(value):
+        return "not finite"
+    return "flat" if abs(value) <= tolerance else ("grows" if value > 0 else "shrinks")
+
+
+def verdicts(data: CoordData, tolerance: float = SLOPE_TOLERANCE) -> dict[str, dict[str, dict]]:
+    """parametrisation -> quantity -> {"slope", "verdict"} at the last step."""
+    out = {}
+    for name, by_width in data.items():
+        widths = sorted(by_width, key=int)
+        out[name] = {}
+        for q in QUANTITIES:
+            s = slope([int(w) for w in widths], [by_width[w][q][-1] for w in widths])
+            out[name][q] = {"slope": s, "verdict": verdict(s, tolerance)}
+    return out

@@ -1,0 +1,54 @@
+"""The μP transfer study: its transfer rule on curves whose optimum is known, and its quick width
+sweep end to end (every run completes; every setting gets a located optimum per width)."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO
+
+from experiments import mup_transfer
+from scale_ablation.analysis import transfer
+
+
+def synthetic_rows(best_lr_at, widths=(64, 128, 256), seeds=(0, 1)) -> list[dict]:
+    """Losses (log2 lr − log2 best)² + 1 on a ×2 grid: the optimum of each width is known."""
+    rows = []
+    for width in widths:
+        for k in range(7):
+            lr = 1e-3 * 2**k
+            for seed in seeds:
+                loss = (math.log2(lr) - math.log2(best_lr_at(width))) ** 2 + 1 + 0.01 * seed
+                rows.append({"policy": "inv_sqrt_dk", "lr": lr, "seed": seed, "d_k": width // 4,
+                             "status": "completed", "final_val_bpb": loss,
+                             "override:model.d_model": width,
+                             "override:model.parametrization": "mup"})
+    return rows
+
+
+@pytest.mark.parametrize("best_lr_at, expect, verdict", [
+    (lambda w: 8e-3, True, "supported"),
+    (lambda w: 8e-3 * 64 / w, True, "contradicted"),  # moves ×2 per doubling: ×4 overall
+    (lambda w: 8e-3 * 64 / w, False, "supported"),
+    (lambda w: 1e-3, True, "inconclusive"),  # every optimum on the grid's low edge
+])
+def test_transfer_rule_on_known_optima(best_lr_at, expect, verdict):
+    rule = transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=expect)
+    assert rule.judge(synthetic_rows(best_lr_at)).verdict == verdict
+
+
+def test_quick_width_sweep_runs_end_to_end(tmp_path):
+    spec = f"{REPO}/experiments/mup_transfer.py:quick"
+    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
+                             f"--workdir={tmp_path}", "--report=false"], capture_output=True,
+                            text=True, cwd=REPO, timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    from scale_ablation import report
+    rows = [report.summarise_run(run) for run in report.load_runs(str(tmp_path))]
+    assert len(rows) == len(mup_transfer.sweep("quick"))
+    assert all(r["status"] == "completed" for r in rows)
+    found = transfer.optima(rows)
+    assert set(found) == {(p, mup_transfer.policy_spec(policy, "quick"))
+                          for p in ("sp", "mup") for policy in mup_transfer.POLICIES}
+    assert all(sorted(by_width) == [32, 64] for by_width in found.values())
