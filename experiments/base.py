@@ -61,6 +61,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME[:CONFIG]
     data.seq_len = 128
     data.val_batches = 4
+    # The test split (scale_ablation/data/heldout.py): bytes (MQAR: tokens) scored once, at the
+    # end, on held-out text sharing no byte with validation, which alone chooses LR and steps.
+    # 256 KiB: at the cpu settings its own standard error is 0.005 bits per byte (a trained
+    # model's per-window spread, 0.23, over 2,048 windows), below every CPU study's noise floor
+    # (0.008-0.028); the 8 KB validation set's is 0.029. 0 disables it. Not an identity field:
+    # runs made before it existed resume (training/run_config.py, NOT_IDENTITY_FIELDS).
+    data.test_bytes = 256 * 1024
     data.mqar_num_pairs = 8  # key/value pairs per MQAR sequence (data.MQAR)
     # MQAR ids, even, <= 8192: keys 1..V/2-1, values V/2..V-1; the model's vocabulary on MQAR.
     # Optional `data.mqar_power_a` (Zoology's 0.01) is set by experiments/mqar.py, not here, so
@@ -105,6 +112,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "quick":
         model.d_model, model.num_layers, model.num_heads, model.head_dim = 64, 2, 2, 32
         data.seq_len, data.val_batches = 64, 2
+        data.test_bytes = 4 * 1024  # a smoke check's test split: tests train many quick runs
         train.steps, train.batch_size, train.warmup_steps = 60, 8, 10
         train.log_every, train.eval_every, train.diag_every = 10, 30, 30
         checkpoint.every = 30

@@ -135,6 +135,18 @@ def test_validation_set_is_fixed_and_independent_of_the_seed(source):
     assert not np.array_equal(val[0].inputs, val[1].inputs)
 
 
+@pytest.mark.parametrize("source", ["shakespeare", "mqar"])
+def test_test_set_is_fixed_independent_of_the_seed_and_not_the_validation_set(source):
+    config = data_config(source=source, seq_len=64)
+    test = data.make_source(config, seed=0).test_batches(8, 64, 24, avoid=[(8, 64, 3)])
+    other_seed = data.make_source(config, seed=123).test_batches(8, 64, 24, avoid=[(8, 64, 3)])
+    val = data.make_source(config, seed=0).val_batches(8, 64, 3)
+    assert len(test) == 3
+    for a, b, v in zip(test, other_seed, val, strict=True):
+        assert_batches_equal(a, b)
+        assert not np.array_equal(a.inputs, v.inputs)
+
+
 def test_text_source_single_file_holds_out_its_last_tenth(tmp_path):
     text = bytes(np.random.default_rng(0).integers(32, 127, size=5000).astype(np.uint8))
     path = tmp_path / "corpus.txt"

@@ -164,6 +164,29 @@ def test_without_a_validation_split_rows_are_held_out(tmp_path):
         assert bytes(row.astype(np.uint8)) in byte_stream(held)
 
 
+def test_the_test_split_is_the_datasets_own_or_validation_outside_its_windows(tmp_path,
+                                                                              corpus_dir):
+    test_texts = make_texts(60, seed=5)
+    root = write_dataset(tmp_path / "with_test", TRAIN, VAL)
+    pq.write_table(pa.table({"text": test_texts}), root / "data" / "test-00000-of-00001.parquet")
+    own = data.make_source(config_of(root, seq_len=16), seed=0)
+    rows = own.test_batches(4, 16, 30, avoid=[(4, 16, 1)])
+    windows = [bytes(np.append(b.inputs[r], b.targets[r, -1]).astype(np.uint8))
+               for b in rows for r in range(4) if b.weights[r].any()]
+    assert len(windows) == 30 and all(w in byte_stream(test_texts) for w in windows)
+    # No test split: tiles of the validation bytes, none overlapping a validation window.
+    source = data.make_source(config_of(corpus_dir, seq_len=16), seed=0)
+    stream = byte_stream(VAL)
+    read = np.zeros(len(stream), bool)
+    for s in np.random.default_rng([data.VALIDATION_SEED, 0]).integers(0, len(stream) - 16, 4):
+        read[s:s + 17] = True
+    for batch in source.test_batches(4, 16, 40, avoid=[(4, 16, 1)]):
+        for r in np.flatnonzero(batch.weights.any(axis=1)):
+            window = bytes(np.append(batch.inputs[r], batch.targets[r, -1]).astype(np.uint8))
+            k = [i for i in range(0, len(stream) - 16, 17) if stream[i:i + 17] == window]
+            assert len(k) == 1 and not read[k[0]:k[0] + 17].any()
+
+
 def test_bad_hf_sources_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"data\.source hf:.*missing") as error:
         data.make_source(config_of(tmp_path / "missing"), seed=0)

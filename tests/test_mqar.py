@@ -17,10 +17,11 @@ from flax import nnx
 from helpers import tiny_config
 
 from scale_ablation.analysis import baselines
+from scale_ablation.data import heldout
 from scale_ablation.data import sources as data
 from scale_ablation.errors import ConfigError
 from scale_ablation.model.lm import build_model
-from scale_ablation.training import run_config
+from scale_ablation.training import run_config, train
 from scale_ablation.training.run_config import validate
 
 
@@ -237,3 +238,47 @@ def test_baselines_of_a_run_config():
                        "mqar_vocab_size": 8192}, "train": {"batch_size": 16, "seed": 0}}
     got = baselines.baselines(config)
     assert got == {"chance_accuracy": 2 / 8192, "context_guess_accuracy": 1 / 4}
+
+
+# --- the test split: fresh sequences ------------------------------------------------------------
+
+
+def generator_state(rng: np.random.Generator) -> tuple[int, ...]:
+    return tuple(rng.bit_generator.seed_seq.generate_state(4))
+
+
+def test_test_generators_are_no_training_or_validation_generator():
+    """For the train seeds that would collide with a test generator seeded plainly
+    [TEST_SEED, i] (TEST_SEED itself, or TEST_SEED + i * 2**32 as two 32-bit words), and for the
+    validation generators, the test generators' states differ, and so do the sequences."""
+    tests = {generator_state(heldout.heldout_rng(i)) for i in range(16)}
+    seeds = (0, 1, data.VALIDATION_SEED, heldout.TEST_SEED, heldout.TEST_SEED + 2**32, 2**96 + 5)
+    trains = {generator_state(data._train_rng(seed, step)) for seed in seeds for step in range(16)}
+    vals = {generator_state(data._val_rng(i)) for i in range(16)}
+    assert len(tests) == 16 and tests.isdisjoint(trains | vals)
+    # The guard is needed: a plain [TEST_SEED, i] is the train generator of seed TEST_SEED.
+    assert generator_state(np.random.default_rng([heldout.TEST_SEED, 3])) in trains
+    mqar = data.MQAR(4, 64, seed=heldout.TEST_SEED)
+    test, val = mqar.test_batches(8, 32, 32), mqar.val_batches(8, 32, 4)
+    for i, batch in enumerate(test):
+        assert not np.array_equal(batch.inputs, mqar.train_batch(i, 8, 32).inputs)
+        assert not np.array_equal(batch.inputs, val[i].inputs)
+
+
+def test_the_test_set_is_fixed_and_padded_to_whole_batches():
+    first = data.MQAR(4, 64, seed=0).test_batches(8, 32, 20)
+    again = data.MQAR(4, 64, seed=9).test_batches(8, 32, 20)
+    assert len(first) == 3
+    for a, b in zip(first, again, strict=True):
+        np.testing.assert_array_equal(a.inputs, b.inputs)
+    weights = np.concatenate([b.weights for b in first])  # [24, 32]
+    assert weights.sum(axis=1).tolist() == [4.0] * 20 + [0.0] * 4
+
+
+def test_a_run_reports_test_accuracy_on_its_fresh_sequences(tmp_path):
+    config = tiny_config(**{"data.source": "mqar", "data.mqar_num_pairs": 4,
+                            "data.mqar_vocab_size": 64})
+    summary = train.train(config, tmp_path / "run", progress=False)
+    windows = math.ceil(config.data.test_bytes / config.data.seq_len)
+    assert summary["test_targets"] == windows * 4  # the queries of the test sequences
+    assert 0 <= summary["test_accuracy"] <= 1 and math.isfinite(summary["test_loss"])

@@ -27,6 +27,10 @@ those whose text's CRC-32 is divisible by HELD_OUT_EVERY (a rule independent of 
 and process count; training skips them). At most VALIDATION_BYTES of it are read, and the
 windows are drawn from them as for the in-memory corpora (independent of the seed).
 
+Test (`heldout.py`): the dataset's `test` split if it has one (its first VALIDATION_BYTES, tiled;
+WikiText's 1.3 MB test split, say); else the validation bytes outside every validation window
+the run reads, as for the in-memory corpora. Training reads neither.
+
 Size: `train_bytes` is the training split's size from the dataset card (`num_bytes`) when the
 card gives it, the split has only a text column and nothing is held out; None (unknown) otherwise.
 Passes computed from it are close, not exact: the card counts the split as `datasets` stores it
@@ -38,12 +42,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from scale_ablation.data.sources import Batch, _process_rows, _val_rng, _windows
+from scale_ablation.data.sources import (
+    Batch,
+    ValidationSet,
+    _process_rows,
+    _val_starts,
+    _windows,
+    held_out_batches,
+)
 
 TEXT = "text"
 SHUFFLE_WINDOWS = 8192  # windows permuted together: 4 MB of text at seq_len 512
@@ -84,6 +95,7 @@ class Corpus:
     train: Any  # datasets.IterableDataset
     validation: Any | None  # the `validation` split, or None: held-out training rows
     train_bytes: int | None
+    test: Any | None = None  # the `test` split, or None: test windows come from validation
 
 
 def open_corpus(arg: str) -> Corpus:
@@ -99,19 +111,19 @@ def open_corpus(arg: str) -> Corpus:
         raise ValueError(f"data.source {spec}: {type(error).__name__}: {reason}") from None
     if "train" not in splits:
         raise ValueError(f"data.source {spec} has no train split (it has {', '.join(splits)})")
-    train, validation = splits["train"], splits.get("validation")
+    train, validation, test = splits["train"], splits.get("validation"), splits.get("test")
     features = train.features  # None when only reading the data would tell
     if features is not None and TEXT not in features:
         raise ValueError(f"data.source {spec}: the train split has no {TEXT!r} column "
                          f"(it has {', '.join(features) or 'none'})")
     if features is not None:  # decode the text column alone
         train = train.select_columns([TEXT])
-        if validation is not None:
-            validation = validation.select_columns([TEXT])
+        validation, test = (split if split is None else split.select_columns([TEXT])
+                            for split in (validation, test))
     split_info = (train.info.splits or {}).get("train")
     known = (validation is not None and features is not None and set(features) == {TEXT}
              and split_info is not None and split_info.num_bytes)
-    return Corpus(spec, train, validation, int(split_info.num_bytes) if known else None)
+    return Corpus(spec, train, validation, int(split_info.num_bytes) if known else None, test)
 
 
 def _rows(dataset: Any, keep: Callable[[str | None], bool] | None = None) -> Iterator[bytes]:
@@ -235,8 +247,16 @@ class HFStream:
         if val.size < seq_len + 1:
             raise ValueError(f"data.source {self.name} validation split has {val.size} bytes, "
                              f"fewer than seq_len + 1 = {seq_len + 1}")
-        return [_windows(val, _val_rng(i).integers(0, val.size - seq_len, size=batch_size),
-                         seq_len) for i in range(num_batches)]
+        return [_windows(val, _val_starts(val.size, batch_size, seq_len, i), seq_len)
+                for i in range(num_batches)]
+
+    def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
+                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
+        if self.corpus.test is None:  # validation's bytes, outside its windows
+            return held_out_batches(self.validation_bytes, batch_size, seq_len, num_windows,
+                                    avoid)
+        test = _prefix(_rows(self.corpus.test), VALIDATION_BYTES)  # a split of its own
+        return held_out_batches(test, batch_size, seq_len, num_windows)
 
 
 def _prefix(rows: Iterator[bytes], limit: int) -> np.ndarray:

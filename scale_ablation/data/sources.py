@@ -18,6 +18,11 @@ Sources (`config.data.source`):
 Train/validation split of a multi-file corpus: files sorted by path, every 10th one starting with
 the first (index % 10 == 0) is validation. It depends on the file list only, never on the seed.
 Files are concatenated in that order; a training window may straddle two files.
+
+Test split (`test_batches`; the rules in `heldout.py`): validation chooses, the test split
+reports. Text sources cut it from the held-out bytes, outside every validation window the run
+reads, so that training and validation bytes are those of runs made before it existed; MQAR draws
+fresh sequences from generators no training or validation generator shares.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from scale_ablation.data import heldout
 
 VOCAB_SIZE = 256
 VALIDATION_EVERY = 10  # file i is validation when i % VALIDATION_EVERY == 0
@@ -47,23 +54,27 @@ class Batch:
     weights: np.ndarray  # [B, T] float32, 1 where the loss counts (MQAR: answer positions only)
 
 
+# A validation set as a run reads it: (batch_size, seq_len, num_batches) of `val_batches`.
+ValidationSet = tuple[int, int, int]
+
+
 class DataSource(Protocol):
     name: str
 
-    def train_batch(
-        self,
-        step: int,
-        batch_size: int,
-        seq_len: int,
-        *,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Batch:
+    def train_batch(self, step: int, batch_size: int, seq_len: int, *, process_index: int = 0,
+                    process_count: int = 1) -> Batch:
         """This process's rows [i*B/P, (i+1)*B/P) of the global batch for `step`."""
         ...
 
     def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
         """The fixed validation set: identical on every call and for every train seed."""
+        ...
+
+    def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
+                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
+        """The fixed test set: `num_windows` sequences (fewer if the held-out text has fewer
+        outside the validation windows of `avoid`) in batches of `batch_size`, the last one
+        padded with rows of weight 0; identical on every call and for every train seed."""
         ...
 
 
@@ -95,6 +106,11 @@ def _val_rng(batch_index: int) -> np.random.Generator:
     return np.random.default_rng([VALIDATION_SEED, batch_index])
 
 
+def _val_starts(size: int, batch_size: int, seq_len: int, batch_index: int) -> np.ndarray:
+    """[B] starts of validation batch `batch_index`'s windows in `size` held-out bytes."""
+    return _val_rng(batch_index).integers(0, size - seq_len, size=batch_size)
+
+
 # --- byte corpora -------------------------------------------------------------------------------
 
 
@@ -122,15 +138,8 @@ class ByteCorpus:
     val: np.ndarray  # [N_val] uint8
     seed: int
 
-    def train_batch(
-        self,
-        step: int,
-        batch_size: int,
-        seq_len: int,
-        *,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Batch:
+    def train_batch(self, step: int, batch_size: int, seq_len: int, *, process_index: int = 0,
+                    process_count: int = 1) -> Batch:
         rows = _process_rows(batch_size, process_index, process_count)
         _check_length(self.train, seq_len, f"{self.name} training split")
         # Draw the global batch's starts, then gather only this process's rows.
@@ -139,14 +148,30 @@ class ByteCorpus:
 
     def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
         _check_length(self.val, seq_len, f"{self.name} validation split")
-        return [
-            _windows(
-                self.val,
-                _val_rng(i).integers(0, self.val.size - seq_len, size=batch_size),
-                seq_len,
-            )
-            for i in range(num_batches)
-        ]
+        return [_windows(self.val, _val_starts(self.val.size, batch_size, seq_len, i), seq_len)
+                for i in range(num_batches)]
+
+    def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
+                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
+        return held_out_batches(self.val, batch_size, seq_len, num_windows, avoid)
+
+
+def held_out_batches(held_out: np.ndarray, batch_size: int, seq_len: int, num_windows: int,
+                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
+    """The test batches of held-out bytes whose validation windows are `avoid`
+    (`heldout.tile_starts`): [B, T] each, rows past the last tile weighted 0."""
+    spans = [(np.concatenate([_val_starts(held_out.size, b, length, i) for i in range(n)]),
+              length)
+             for b, length, n in avoid if n and held_out.size > length]
+    starts = heldout.tile_starts(held_out.size, seq_len, num_windows, spans)  # [W]
+    rows, real = heldout.padded_rows(starts.size, batch_size)  # [batches, B] each
+    return [_real_rows(_windows(held_out, starts[index], seq_len), weight)
+            for index, weight in zip(rows, real, strict=True)]
+
+
+def _real_rows(batch: Batch, real: np.ndarray) -> Batch:
+    """`batch` with the weights of rows where `real` [B] is False set to 0 (padding)."""
+    return Batch(batch.inputs, batch.targets, batch.weights * real[:, None])
 
 
 def _read_bytes(paths: Sequence[str]) -> np.ndarray:
@@ -293,20 +318,20 @@ class MQAR:
         weights[rows, query_pos] = 1.0
         return Batch(inputs=inputs, targets=targets, weights=weights)
 
-    def train_batch(
-        self,
-        step: int,
-        batch_size: int,
-        seq_len: int,
-        *,
-        process_index: int = 0,
-        process_count: int = 1,
-    ) -> Batch:
+    def train_batch(self, step: int, batch_size: int, seq_len: int, *, process_index: int = 0,
+                    process_count: int = 1) -> Batch:
         batch = self._sequences(_train_rng(self.seed, step), batch_size, seq_len)
         return process_share(batch, process_index, process_count)
 
     def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
         return [self._sequences(_val_rng(i), batch_size, seq_len) for i in range(num_batches)]
+
+    def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
+                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
+        """Fresh sequences: batch i from `heldout.heldout_rng(i)` (`avoid` is moot here)."""
+        _, real = heldout.padded_rows(num_windows, batch_size)  # [batches, B]
+        return [_real_rows(self._sequences(heldout.heldout_rng(i), batch_size, seq_len), weight)
+                for i, weight in enumerate(real)]
 
 
 def mqar_source(data_config: Any, seed: int) -> MQAR:

@@ -1,4 +1,10 @@
-"""Validation loss and attention diagnostics of a run's state, on its fixed validation batches."""
+"""Validation loss and attention diagnostics of a run's state, on its fixed validation batches;
+the test split's loss, once, at the end of a run.
+
+Validation chooses (the best LR, when to stop: `analysis/optimum.py`, the report); the test set
+(`data/heldout.py`) shares no window with it and reports. Its batches have the validation batches'
+shape, [train.batch_size, data.seq_len], so they run in the same compiled eval program.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import math
 import jax
 import numpy as np
 
+from scale_ablation.data import heldout
 from scale_ablation.data import sources as data_lib
 from scale_ablation.training import steps
 from scale_ablation.training.runs import PreparedRun, to_device_batch
@@ -22,18 +29,26 @@ class Evaluator:
         programs = steps.programs(run.graphdef, run.optimizer, float(config.train.z_loss))
         self._eval_step, self._diagnostics_step = programs.eval, programs.diagnostics
 
-        def validation_set(seq_len: int) -> list[dict]:
-            batches = run.source.val_batches(config.train.batch_size, seq_len,
-                                             config.data.val_batches)
+        def on_device(batches: list[data_lib.Batch]) -> list[dict]:
             # Every process builds the whole batch; each feeds only its own rows.
             share = (jax.process_index(), jax.process_count())
             return [to_device_batch(data_lib.process_share(b, *share), run.batch_sharding)
                     for b in batches]
 
-        self.seq_len = config.data.seq_len
-        self.val_batches = validation_set(self.seq_len)
+        batch_size, self.seq_len = config.train.batch_size, config.data.seq_len
+        lengths = (self.seq_len, *config.train.get("eval_seq_lens", ()))
+        validation = [(batch_size, n, config.data.val_batches) for n in lengths]
+        self.val_batches = on_device(run.source.val_batches(*validation[0]))
         # Longer validation sequences, for length generalisation: `val/loss@LEN`.
-        self.longer_val = {n: validation_set(n) for n in config.train.get("eval_seq_lens", ())}
+        self.longer_val = {n: on_device(run.source.val_batches(*v))
+                           for n, v in zip(lengths[1:], validation[1:], strict=True)}
+        # Built now, so that a held-out text too small for it is said before training.
+        self.test_windows_asked = heldout.window_count(config.data.get("test_bytes", 0),
+                                                       self.seq_len)
+        test = run.source.test_batches(batch_size, self.seq_len, self.test_windows_asked,
+                                       avoid=validation)
+        self.test_windows = int(sum((b.weights.sum(axis=1) > 0).sum() for b in test))
+        self.test_batches = on_device(test)
 
     def _totals(self, state: TrainState, batches: list[dict]) -> np.ndarray:
         """(3, T): summed loss, weight and correct predictions per position over `batches`."""
@@ -59,15 +74,23 @@ class Evaluator:
                                                         - row["val/bpb"])
         return row
 
+    def evaluate_test(self, state: TrainState) -> dict[str, float]:
+        """test/loss, test/bpb, test/accuracy and test/targets (the weighted positions scored:
+        bytes, or MQAR's queries) on the test split; {} when the run has none."""
+        if not self.test_batches:
+            return {}
+        totals = self._totals(state, self.test_batches)
+        return {**_scores("", totals, split="test"), "test/targets": int(totals[1].sum())}
+
     def diagnose(self, state: TrainState) -> dict[str, float]:
         """Per-layer attention statistics on the first validation batch."""
         stats = jax.device_get(self._diagnostics_step(state, self.val_batches[0]))
         return {key: float(value) for key, value in stats.items()}
 
 
-def _scores(suffix: str, totals: np.ndarray) -> dict[str, float]:
+def _scores(suffix: str, totals: np.ndarray, split: str = "val") -> dict[str, float]:
     """Loss, bits per byte and accuracy from (3, T) per-position totals, over all T."""
     loss_sum, weight, correct = totals.sum(axis=1)
     loss = loss_sum / weight
-    return {f"val/loss{suffix}": loss, f"val/bpb{suffix}": loss / math.log(2),
-            f"val/accuracy{suffix}": correct / weight}
+    return {f"{split}/loss{suffix}": loss, f"{split}/bpb{suffix}": loss / math.log(2),
+            f"{split}/accuracy{suffix}": correct / weight}

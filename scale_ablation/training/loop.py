@@ -119,11 +119,13 @@ class Member:
         self.parameter_counts = provenance.parameter_counts(run.state["params"])
         self.train_tokens = provenance.train_tokens(run.source)
         self._warn_if_repeated()
+        self._warn_if_small_test()
         self.trackers: RunTrackers = open_trackers(
             run.workdir, self.config.to_dict(),
             wandb=run_wandb_settings(run),
             resume_step=run.resume_step, enable=jax.process_index() == 0)
         self.last = {"train/loss": self._logged_train_loss(), "val/loss": None, "val/bpb": None}
+        self.test: dict[str, float] = {}  # the test split's scores, once the run has ended
 
     def _warn_if_repeated(self) -> None:
         """One line when the planned steps read the training split more than once: the final
@@ -135,6 +137,17 @@ class Member:
                   f"{planned['passes_over_data']:.1f} passes over the {self.train_tokens:,}-token "
                   "training split: the data repeats", flush=True)
 
+    def _warn_if_small_test(self) -> None:
+        """One line when the held-out text holds fewer test windows than `data.test_bytes` asks
+        for: the test set is then smaller, and its sampling error larger, than planned."""
+        asked, got = self.evaluator.test_windows_asked, self.evaluator.test_windows
+        if got < asked:
+            seq_len = self.config.data.seq_len
+            print(f"{self.label}warning: data.test_bytes={self.config.data.test_bytes:,} asks for "
+                  f"{asked:,} test windows of {seq_len + 1} bytes; the held-out text holds "
+                  f"{got:,} outside the validation windows, so the test set scores "
+                  f"{got * seq_len:,} bytes", flush=True)
+
     def _logged_train_loss(self) -> float | None:
         """A resumed run's train loss at its checkpoint, as logged then (None if not logged)."""
         files = self.trackers.files
@@ -145,6 +158,15 @@ class Member:
         row = self.evaluator.evaluate(state)
         self.last.update({"val/loss": row["val/loss"], "val/bpb": row["val/bpb"]})
         return row
+
+    def evaluate_test(self, state: TrainState) -> dict[str, float]:
+        """The test split's scores (once, at the end; `evaluation.Evaluator.evaluate_test`) and
+        the seconds they took (`perf/test_seconds`)."""
+        started = time.perf_counter()
+        self.test = self.evaluator.evaluate_test(state)
+        if not self.test:
+            return {}
+        return {**self.test, "perf/test_seconds": time.perf_counter() - started}
 
     def begin(self, state: TrainState) -> None:
         """Step 0: the model at initialisation, the reference for LR sensitivity and for how
@@ -180,6 +202,7 @@ class Member:
         steps = self.config.train.steps
         if self.start_step >= steps:  # killed after the final checkpoint, before summary.json
             self.evaluate(state)
+            self.evaluate_test(state)
         self.checkpoints.save(steps, state)
         self.finish("completed", steps)
 
@@ -191,6 +214,9 @@ class Member:
             "final_train_loss": self.last["train/loss"],
             "final_val_loss": self.last["val/loss"],
             "final_val_bpb": self.last["val/bpb"],
+            # The test split reports (a completed run's final state); validation chose.
+            **{f"test_{key}": self.test.get(f"test/{key}")
+               for key in ("loss", "bpb", "accuracy", "targets")},
             "diverged_at_step": None,
             "wall_seconds": self.clock.wall_seconds,
             "tokens_per_second": self.clock.tokens_per_second,

@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from scale_ablation.data import heldout
 from scale_ablation.data import sources as data_lib
 from scale_ablation.errors import ConfigError
 from scale_ablation.model.spec import ModelConfig, choice
@@ -26,6 +27,9 @@ IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "t
 # Fields that define the learning-rate schedule and the run's length: a resumed or finished run
 # keeps them unless the user asks to extend it (`--extend`), or the schedule changes mid-run.
 SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
+# Fields under an identity field that change nothing trained: the test split is read once, when
+# the run ends, so a run made before it existed (or with another size) resumes.
+NOT_IDENTITY_FIELDS = ("data.test_bytes",)
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -102,6 +106,7 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
     if d.source == "mqar":  # a generator: its settings can be checked before anything runs
         data_lib.mqar_source(d, seed=0).check(d.seq_len)  # ValueError naming the field
+    heldout.window_count(d.get("test_bytes", 0), d.seq_len)  # ValueError naming the field
 
 
 def changed_identity_fields(old: dict, new: dict,
@@ -113,6 +118,7 @@ def changed_identity_fields(old: dict, new: dict,
     return [
         key for key in keys
         if any(key == f or key.startswith(f + ".") for f in fields)
+        and key not in NOT_IDENTITY_FIELDS
         and _normalise(old_flat.get(key)) != _normalise(new_flat.get(key))
     ]
 
