@@ -28,10 +28,11 @@ from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
 from scale_ablation.model import plugins
 from scale_ablation.records import metrics_rows as rm
+from scale_ablation.records import wandb_workspace
 from scale_ablation.records.jsonfiles import read_json
 from scale_ablation.records.run_files import FINISHED, RunFiles
 from scale_ablation.records.summary_csv import write_summary_csv
-from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker
+from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker, resolve_wandb_mode
 from scale_ablation.training import experiment_files as experiment
 
 
@@ -152,7 +153,7 @@ def sweep_imports(sweep_dir: str) -> list[str]:
     return _sweep_record(sweep_dir).get("imports") or []
 
 
-def write_report(sweep_dir: str, reference: str | None = None) -> str:
+def write_report(sweep_dir: str, reference: str | None = None, workspace: bool = False) -> str:
     """Write sweep_dir/report/ and return its path. `reference`: the policy others are paired
     against (default inv_sqrt_dk); one named explicitly must have runs in the sweep."""
     runs = load_runs(sweep_dir)
@@ -177,6 +178,8 @@ def write_report(sweep_dir: str, reference: str | None = None) -> str:
         write_claims(load_claims(spec), spec, sweep_dir, rows, os.path.join(out, "claims.md"),
                      without_result=len(incomplete))
     _log_to_wandb(sweep_dir, runs, header, rows)
+    if workspace:  # after the summary run, whose table and images the view shows
+        print(write_workspace(sweep_dir, runs, rows))
     return out
 
 
@@ -249,7 +252,8 @@ def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: lis
         runs[0]["config"].get("wandb"), job_type="report", tags=(),
         name=f"{os.path.basename(os.path.normpath(sweep_dir))}-report")
     writer = WandbTracker(os.path.join(sweep_dir, "report"),
-                          {"sweep_dir": os.path.abspath(sweep_dir)}, settings)
+                          {"sweep_dir": os.path.abspath(sweep_dir)}, settings,
+                          one_offline_folder=True)
     writer.log_table("summary", header, [[row.get(k) for k in header] for row in rows])
     out = os.path.join(sweep_dir, "report")
     writer.log_images({f"plots/{name.removesuffix('.png')}": os.path.join(out, name)
@@ -260,10 +264,31 @@ def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: lis
 _IMPORTS = plugins.imports_flag()
 
 
-def main(argv: list[str], reference: str | None = None) -> int:
+def write_workspace(sweep_dir: str, runs: list[dict], rows: list[dict]) -> str:
+    """`--wandb_workspace`: the study's W&B view (`wandb_workspace`), saved when online, its
+    specification beside the report in every mode. Returns the line saying where it is."""
+    settings = WandbSettings.of(runs[0]["config"].get("wandb"))
+    out = os.path.join(sweep_dir, "report")
+    key, higher = cmp.primary_metric(rows)
+    with open(os.path.join(out, "summary.md"), encoding="utf-8") as f:
+        markdown = f.read()
+    view = wandb_workspace.StudyView(
+        entity=settings.entity, project=settings.project,
+        group=settings.group or os.path.basename(os.path.normpath(sweep_dir)),
+        name=f"{os.path.basename(os.path.normpath(sweep_dir))} study",
+        history_metric="val/accuracy" if higher else "val/bpb", final_metric=key,
+        layers=tuple(sorted({int(k.rsplit("layer", 1)[1]) for r in rows for k in r
+                             if k.startswith("max_attention_logit/layer")})),
+        images=tuple(f"plots/{name.removesuffix('.png')}" for name in sorted(os.listdir(out))
+                     if name.endswith(".png")),
+        markdown=markdown)
+    return wandb_workspace.write(view, out, online=resolve_wandb_mode(settings.mode) == "online")
+
+
+def main(argv: list[str], reference: str | None = None, workspace: bool = False) -> int:
     if len(argv) != 2:
         print("usage: python -m scale_ablation.report [--imports=MODULE_OR_FILE,...] SWEEP_DIR "
-              "[--reference=POLICY]",
+              "[--reference=POLICY] [--wandb_workspace]",
               file=sys.stderr)
         return 2
     if not os.path.isdir(argv[1]):
@@ -272,7 +297,7 @@ def main(argv: list[str], reference: str | None = None) -> int:
     try:
         # The sweep's policies, as its runs had them: --imports, else what sweep.json recorded.
         plugins.load(_IMPORTS.value or sweep_imports(argv[1]))
-        out = write_report(argv[1], reference)
+        out = write_report(argv[1], reference, workspace)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -286,4 +311,8 @@ if __name__ == "__main__":
     # Defined here, not at import: `sweep` imports this module and has flags of its own.
     flags.DEFINE_string("reference", None, "Policy the others are paired against "
                         f"(default {cmp.DEFAULT_REFERENCE}).")
-    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.reference)))
+    flags.DEFINE_bool("wandb_workspace", False, "Also build the study's W&B workspace (runs "
+                      "grouped by policy; needs the `workspace` extra): saved when online, its "
+                      "specification written to report/wandb_workspace.json in every mode.")
+    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.reference,
+                                       flags.FLAGS.wandb_workspace)))

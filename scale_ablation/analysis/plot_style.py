@@ -1,7 +1,7 @@
 """How the report's plots look, so that every plot of a report reads the same way.
 
-- One colour per policy (tab10, in the rows' first-seen order), the same in every plot of a
-  report: `Style.of(rows)` is built once from all the rows and passed to every plot.
+- One colour per policy (tab10: the reference policy first, then the rows' first-seen order),
+  the same in every plot of a report: `Style.of(rows)` is built once from all the rows and passed to every plot.
 - Line style and marker per second-axis value (init, arm; `plot_groups.second_axis`).
 - Panels on a grid with one legend per figure, outside every panel (constrained layout's
   "outside" legend), and the sample size said in the legend's title: bands and error bars only
@@ -22,6 +22,7 @@ from matplotlib.figure import Figure  # no pyplot: no global state, no display b
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullFormatter
 
+from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import plot_groups
 
 LINESTYLES = ("-", "--", ":", "-.")
@@ -45,7 +46,9 @@ class Style:
 
     @classmethod
     def of(cls, rows: list[dict]) -> Style:
-        policies = list(dict.fromkeys(r["policy"] for r in rows))
+        # The reference policy first, so that 1/√d_k is the same blue in every report.
+        policies = sorted(dict.fromkeys(r["policy"] for r in rows),
+                          key=lambda p: p != cmp.DEFAULT_REFERENCE)
         palette = colormaps["tab10" if len(policies) <= 10 else "tab20"].colors
         second_of = plot_groups.second_axis(rows)
         seconds = list(dict.fromkeys(label for r in rows for label in second_of(r)))
@@ -78,10 +81,10 @@ class Keys:
         self.marks.setdefault(label, Line2D([], [], **line))
 
     def handles(self) -> tuple[list, list[str]]:
-        handles = [Line2D([], [], color=self.style.colours.get(p, "k"), linewidth=2.5)
-                   for p in self.policies]
-        labels = list(self.policies)
-        if len(self.seconds) > 1 or any(self.seconds):
+        policies = sorted(self.policies, key=list(self.style.colours).index)  # palette order
+        handles = [Line2D([], [], color=self.style.colours[p], linewidth=2.5) for p in policies]
+        labels = list(policies)
+        if len(self.style.seconds) > 1:  # a second axis the report has: say its styles
             for second in self.seconds:
                 linestyle, marker = self.style.seconds.get(second, ("-", "o"))
                 handles.append(Line2D([], [], color="0.2", linestyle=linestyle, marker=marker))
@@ -143,10 +146,23 @@ def axis_labels(axes: list[list], used: set[tuple[int, int]], xlabel: str, ylabe
     axes[0][0].figure.supylabel(textwrap.fill(ylabel, width), fontsize=10 if rows > 1 else 9)
 
 
-def log_y(ax) -> None:
-    """A log y axis labelled at its decades only (minor labels crowd a small panel)."""
+def log_y(ax, centres: list[float] | None = None) -> None:
+    """A log y axis labelled at its decades only (minor labels crowd a small panel). With
+    `centres`, the range is theirs widened by half a decade: an interval of two seeds can span
+    many decades and would flatten every line; its bar runs off the panel instead."""
     ax.set_yscale("log")
     ax.yaxis.set_minor_formatter(NullFormatter())
+    if centres:
+        ax.set_ylim(min(centres) / 3, max(centres) * 3)
+
+
+def lr_ticks(ax, lrs: list[float]) -> None:
+    """A log LR axis ticked at the grid's learning rates."""
+    ax.set_xscale("log")
+    every = 1 if len(lrs) <= 5 else 2  # labels of a long grid would touch
+    ax.set_xticks(lrs, [f"{lr:.2g}" if k % every == 0 else "" for k, lr in enumerate(lrs)],
+                  fontsize=7)
+    ax.minorticks_off()
 
 
 def baselines(ax, rows: list[dict], unit: str, keys: Keys, corner: str = "right") -> None:
@@ -168,7 +184,8 @@ def baselines(ax, rows: list[dict], unit: str, keys: Keys, corner: str = "right"
                         xytext=(-3 if corner == "right" else 3,
                                 (-3 - 9 * edge[side]) if side == "above" else (3 + 9 * edge[side])),
                         textcoords="offset points", ha=corner,
-                        va="top" if side == "above" else "bottom", fontsize=7, color=GREY)
+                        va="top" if side == "above" else "bottom", fontsize=7, color=GREY,
+                        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none", "pad": 1})
             edge[side] += 1
 
 

@@ -112,12 +112,18 @@ def plot_over_training(runs: list[dict], rows: list[dict], value_of: Callable, y
 
 
 def _by_x(rows: list[dict], x_of: Callable, key: str, log_y: bool) -> list[groups.Point]:
-    """Per x: the mean of the completed runs' `key` with its 95% CI (geometric for `log_y`)."""
+    """Per x: the mean of the completed runs' `key` with its 95% CI (geometric for `log_y`);
+    an accuracy's interval is cut at [0, 1], where the t-interval of a few seeds can overrun."""
     by_x: dict = defaultdict(list)
     for r in rows:
         if (v := cmp.finished_value(r, key)) is not None and (v > 0 or not log_y):
             by_x[x_of(r)].append(v)
-    return [groups.Point(x, *groups.summarise(vs, log_y), len(vs)) for x, vs in sorted(by_x.items())]
+    points = [groups.Point(x, *groups.summarise(vs, log_y), len(vs))
+              for x, vs in sorted(by_x.items())]
+    if "accuracy" in key:
+        points = [groups.Point(p.x, p.centre, max(p.low, 0.0), min(p.high, 1.0), p.n)
+                  for p in points]
+    return points
 
 
 def _at_best_lr(rows: list[dict]) -> list[dict]:
@@ -192,21 +198,22 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, *, unit: str | None
     grid = groups.grid(list(series))
     series = groups.drop_repeats(series, grid, lambda members: tuple(map(id, members)))
     fig, axes = look.panels(grid)
-    keys, used = look.Keys(style), set()
+    keys, used, centres = look.Keys(style), set(), defaultdict(list)
     for (policy, second, d_k), members in series.items():
         i, j = grid.index(second, d_k)
         used.add((i, j))
         line = style.line(policy, second)
         points = _by_x(members, lambda r: r["lr"], key, log_y)
+        centres[(i, j)] += [p.centre for p in points]
         if points:
             keys.series(policy, second, min(p.n for p in points))
             _draw_series(axes[i][j], points, line, f"{policy}|{second}|{d_k}", band=False)
         _mark_unstable(axes[i][j], members, {p.x: p.centre for p in points}, line["color"], keys)
     for i, j in used:
         ax, d_k = axes[i][j], grid.d_k(j)
-        ax.set_xscale("log")
-        if log_y and ax.get_lines():
-            look.log_y(ax)
+        look.lr_ticks(ax, sorted({r["lr"] for r in rows if r["d_k"] == d_k}))
+        if log_y and centres[(i, j)]:
+            look.log_y(ax, centres[(i, j)])
         if float16_line:
             look.float16_max(ax, rows, keys)
         if unit:

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import netrc
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -126,12 +127,16 @@ class WandbTracker:
 
     The run id is kept in `workdir/wandb_run_id.txt`, so a run resumed from its checkpoint
     continues the same W&B run. Files go under `workdir/wandb/`. Mode 'disabled' creates
-    nothing and never imports wandb.
+    nothing and never imports wandb. `one_offline_folder`: offline, the run keeps one folder,
+    its latest (wandb starts a new `offline-run-<time>-<id>` folder at every resume): for a run
+    that logs everything again each time, such as the report's summary run, whose older
+    folders would otherwise pile up, all with one id, all matched by `wandb sync`'s glob.
     """
 
     def __init__(self, workdir: str | os.PathLike, config: Mapping[str, Any],
-                 settings: WandbSettings) -> None:
+                 settings: WandbSettings, one_offline_folder: bool = False) -> None:
         self.workdir = Path(workdir)
+        self._one_offline_folder = one_offline_folder
         self.run_id_path = self.workdir / "wandb_run_id.txt"
         self.run_id: str | None = None
         self.run_dir: Path | None = None  # workdir/wandb/<offline-run|run>-<time>-<id>
@@ -202,6 +207,10 @@ class WandbTracker:
         self.run_dir = Path(run.sync_dir)
         if run.id != previous_id:
             jsonfiles.write_text_atomic(self.run_id_path, run.id + "\n")
+        if self._one_offline_folder and mode == "offline":
+            for older in self.run_dir.parent.glob(f"offline-run-*-{run.id}"):
+                if older != self.run_dir:
+                    shutil.rmtree(older, ignore_errors=True)
 
     def _give_up(self, stage: str, error: Exception) -> None:
         logging.warning(
