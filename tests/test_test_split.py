@@ -254,3 +254,15 @@ def test_a_run_made_before_the_test_split_resumes_and_reports_it(tmp_path):
     assert run_config.changed_identity_fields(saved, other) == ["data.val_batches"]
     resumed = train.train(config, workdir, progress=False)
     assert resumed["status"] == "completed" and math.isfinite(resumed["test_loss"])
+
+
+def test_a_run_killed_after_its_final_checkpoint_reports_the_test_split_on_rerun(tmp_path):
+    """Killed after the final checkpoint and before summary.json, a run finishes from that
+    checkpoint on rerun: its test scores are those of the final state."""
+    config = tiny_config()
+    whole = train.train(config, tmp_path / "run", progress=False)
+    (tmp_path / "run" / "summary.json").unlink()
+    again = train.train(config, tmp_path / "run", progress=False)
+    assert again["status"] == "completed"
+    for key in ("test_loss", "test_bpb", "test_accuracy", "test_targets"):
+        assert again[key] == pytest.approx(whole[key], rel=1e-6)
