@@ -21,7 +21,7 @@ def coord_check(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("flag, says", [("--widths=32,abc", "--widths"),
                                         ("--parametrizations=sp,xp", "--parametrizations"),
-                                        ("--widths=32,48", "whole head dims"),
+                                        ("--widths=32,33", "whole head dims"),
                                         ("--config.model.nope=1", "nope")])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flag, says):
     out = tmp_path / "out"
