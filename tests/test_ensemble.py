@@ -8,7 +8,6 @@ does not make: solo runs, an uninterrupted ensemble, a sweep run without ensembl
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import experiment_source, read_json
+from helpers import QUICK, REPO, TINY_MODEL, experiment_source, read_json
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.records import wandb_offline
@@ -26,18 +25,13 @@ from scale_ablation.records.run_files import RunFiles
 from scale_ablation.training import ensemble, hooks, optim, runs, steps, train
 from scale_ablation.training import experiment_files as experiment
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-QUICK = str(REPO / "experiments" / "base.py") + ":quick"
-OFFLINE_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 RTOL = 1e-5  # float32 round-off: a vmapped matmul may sum in another order than a solo one
 
 # No clipping and no warmup for all: the diverging member may differ in its lr only.
-TINY = {
-    "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
-    "model.attention_dropout": 0.1, "data.seq_len": 32, "data.val_batches": 1,
-    "train.batch_size": 4, "train.steps": 16, "train.warmup_steps": 0, "train.grad_clip": 0.0,
-    "train.log_every": 2, "train.eval_every": 4, "train.diag_every": 8, "checkpoint.every": 8,
-    "wandb.mode": "disabled",
+TINY = {  # the shared tiny model (helpers.TINY_MODEL), longer, with dropout and diagnostics
+    **TINY_MODEL, "model.attention_dropout": 0.1, "train.steps": 16, "train.warmup_steps": 0,
+    "train.grad_clip": 0.0, "train.log_every": 2, "train.eval_every": 4, "train.diag_every": 8,
+    "checkpoint.every": 8, "wandb.mode": "disabled",
 }
 MEMBERS = {
     "none": {"policy": "none", "train.seed": 0, "train.lr": 3e-3},
@@ -46,12 +40,6 @@ MEMBERS = {
     # tests/test_sweep.py found lr 1e4 to diverge this model at step 4.
     "diverging": {"policy": "inv_sqrt_dk", "train.seed": 3, "train.lr": 1e4},
 }
-
-
-@pytest.fixture(autouse=True)
-def offline_wandb(monkeypatch):
-    for name, value in OFFLINE_ENV.items():
-        monkeypatch.setenv(name, value)
 
 
 def config_of(*overrides: dict):
