@@ -135,8 +135,8 @@ MUTATIONS = [
              "tests/test_steps.py", "-k", "cross_entropy"),
     # --------------------------------------------------------------- evaluation
     mutation("bpb_in_nats", "evaluation", "bits per byte reported in nats",
-             "scale_ablation/training/evaluation.py", 'f"val/bpb{suffix}": loss / math.log(2)',
-             'f"val/bpb{suffix}": loss', "tests/test_steps.py", "-k", "bpb"),
+             "scale_ablation/training/evaluation.py", 'f"{split}/bpb{suffix}": loss / math.log(2)',
+             'f"{split}/bpb{suffix}": loss', "tests/test_steps.py", "-k", "bpb"),
     mutation("train_bpb_in_nats", "evaluation", "the logged train/bpb is the loss in nats",
              "scale_ablation/training/hooks.py", 'row["train/bpb"] = row["train/loss"] / math.log(2)',
              'row["train/bpb"] = row["train/loss"]',
