@@ -12,6 +12,7 @@ codes: 0 completed or diverged (both are results), 1 failed (a full disk include
 from __future__ import annotations
 
 import errno
+import logging as stdlib_logging
 import os
 import sys
 
@@ -66,6 +67,8 @@ def main(argv: list[str]) -> int:
     runtime.make_experiments_importable(spec)
     runtime.normalise_environment(verbose=_VERBOSE.value)
     checkpoints.quiet_failed_restores()
+    # On a full disk W&B's own log file fails too; each failed write would print a traceback.
+    stdlib_logging.raiseExceptions = False
     try:
         plugins.load(_IMPORTS.value)  # before the config's policy is looked up
         # Before the config is touched: config_flags defers a missing file's error to first use,

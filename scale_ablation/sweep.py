@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import logging as stdlib_logging
 import os
 import shutil
 import subprocess
@@ -151,6 +152,42 @@ def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
     }
     # Unsorted: the overrides keep the grid's order, which names the runs.
     jsonfiles.write_json_atomic(os.path.join(sweep_dir, "sweep.json"), record, sort_keys=False)
+
+
+class SweepFile:
+    """sweep.json, written at the start and again as each run ends (a killed sweep's file
+    says which runs completed). A full disk is said in one line, once, and not raised: the
+    runs' own files hold their results, and the sweep's exit code says it is incomplete."""
+
+    def __init__(self, sweep_dir: str, spec: str, points: list[Point],
+                 imports: Sequence[str]) -> None:
+        self.sweep_dir, self.spec, self.points, self.imports = sweep_dir, spec, points, imports
+        self.written = True
+
+    def write(self, outcomes: dict[str, str] | None = None) -> None:
+        try:
+            write_sweep_file(self.sweep_dir, self.spec, self.points, outcomes, self.imports)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            if self.written:
+                print(f"[sweep] error: no space left on device: sweep.json in {self.sweep_dir} "
+                      "is not up to date", flush=True)
+            self.written = False
+        else:
+            self.written = True
+
+
+class RecordedOutcomes(dict):
+    """Run name -> status, each entry written to sweep.json as it is set (`SweepFile`)."""
+
+    def __init__(self, sweep_file: SweepFile) -> None:
+        super().__init__()
+        self._sweep_file = sweep_file
+
+    def __setitem__(self, name: str, status: str) -> None:
+        super().__setitem__(name, status)
+        self._sweep_file.write(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +391,8 @@ def main(argv: list[str]) -> int:
     runtime.make_experiments_importable(_CONFIG.value)
     runtime.normalise_environment(verbose=_VERBOSE.value)
     checkpoints.quiet_failed_restores()
+    # On a full disk W&B's own log file fails too; each failed write would print a traceback.
+    stdlib_logging.raiseExceptions = False
     sweep_dir = _WORKDIR.value
     imports = tuple(_IMPORTS.value)
     try:
@@ -389,13 +428,14 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     """Train `todo`, write sweep.json and the report; the sweep's exit code."""
     jsonfiles.remove_leftover_temporaries(sweep_dir)
     runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
-    write_sweep_file(sweep_dir, _CONFIG.value, points, imports=imports)
+    sweep_file = SweepFile(sweep_dir, _CONFIG.value, points, imports)
+    sweep_file.write()
     progress = Progress(len(points), len(points) - len(todo))
     progress.show(running=0)
     if _PARALLEL.value > 1 and _ENSEMBLE.value and flags.FLAGS["ensemble"].present:
         print("[sweep] note: --ensemble is ignored with --parallel > 1 (one process per run)",
               flush=True)
-    outcomes: dict[str, str] = {}
+    outcomes = RecordedOutcomes(sweep_file)
     try:
         if _PARALLEL.value == 1:
             with CompileLog() as compile_log:
@@ -408,22 +448,36 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
             complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
                                         outcomes, _run_flags(imports))
     finally:
-        write_sweep_file(sweep_dir, _CONFIG.value, points, outcomes, imports)
+        sweep_file.write(outcomes)
     if not complete:
         print("[sweep] preempted: rerun the same command to continue", flush=True)
         return 3
-    if _REPORT.value:
-        try:
-            report.write_report(sweep_dir)
-        except ValueError as error:  # no run got as far as writing its config
-            print(f"[sweep] no report: {error}", flush=True)
+    reported = _write_report(sweep_dir) if _REPORT.value else True
     missing = {name: status for name, status in final_statuses(
         sweep_dir, points, outcomes).items() if status not in FINISHED}
     if missing:
         print(f"[sweep] {len(missing)} of {len(points)} runs have no result: "
               + ", ".join(f"{name} ({status})" for name, status in missing.items()), flush=True)
-        return EXIT_INCOMPLETE
-    return 0
+    return EXIT_INCOMPLETE if missing or not (reported and sweep_file.written) else 0
+
+
+def _write_report(sweep_dir: str) -> bool:
+    """The report, or one line saying why there is none (then the sweep is incomplete: a
+    report left by an earlier invocation is not this one's)."""
+    stale = os.path.join(sweep_dir, "report")
+    stale = stale if os.path.isdir(stale) else None
+    try:
+        report.write_report(sweep_dir)
+        return True
+    except ValueError as error:  # no run wrote its config, or a run's files are damaged
+        reason = str(error)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        reason = f"no space left on device ({error.filename or sweep_dir})"
+    print(f"[sweep] no report: {reason}" + (f" ({stale} is from an earlier invocation)"
+                                            if stale else ""), flush=True)
+    return False
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ per setting from the experiment file to the attention layer.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -18,8 +17,8 @@ import ml_collections
 from scale_ablation.data import heldout
 from scale_ablation.data import sources as data_lib
 from scale_ablation.errors import ConfigError
-from scale_ablation.model.spec import ModelConfig, choice
-from scale_ablation.records.wandb_tracker import WANDB_MODES
+from scale_ablation.model.spec import ModelConfig
+from scale_ablation.training import schema
 
 # Fields that define what is trained on what: a resumed or skipped run must not change them.
 IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
@@ -58,7 +57,11 @@ def layer_policy_specs(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def validate(config: ml_collections.ConfigDict) -> ModelConfig:
-    """Check a whole run config; return its ModelConfig. Raises ConfigError naming the field."""
+    """Check a whole run config; return its ModelConfig. Raises ConfigError naming the field.
+
+    Each field's type and range first (`schema`), then the rules that need more than one.
+    """
+    schema.check(config.to_dict())
     try:
         _validate_train(config)
         model = model_config(config)
@@ -66,21 +69,12 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
         raise
     except (ValueError, ZeroDivisionError, ArithmeticError) as error:
         raise ConfigError(str(error)) from None
-    mode = config.get("wandb", {}).get("mode", "auto")
-    choice("wandb.mode", mode, WANDB_MODES)
-    timeout = config.get("wandb", {}).get("init_timeout", 30.0)
-    if not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ConfigError(f"wandb.init_timeout must be a positive number of seconds, "
-                          f"got {timeout!r}")
     return model
 
 
 def _validate_train(config: ml_collections.ConfigDict) -> None:
+    """The rules over several fields that the schema's ranges do not express."""
     t, d, m = config.train, config.data, config.model
-    if t.lr <= 0 or not math.isfinite(t.lr):
-        raise ConfigError(f"train.lr must be positive, got {t.lr}")
-    if t.steps <= 0:
-        raise ConfigError(f"train.steps must be positive, got {t.steps}")
     if t.batch_size <= 0 or t.batch_size % jax.device_count():
         raise ConfigError(f"train.batch_size={t.batch_size} must be a positive multiple of the "
                           f"{jax.device_count()} devices")
@@ -91,19 +85,6 @@ def _validate_train(config: ml_collections.ConfigDict) -> None:
         if seq_len <= 0 or (m.positions == "learned" and seq_len > m.max_seq_len):
             raise ConfigError(f"train.eval_seq_lens: {seq_len} must be in 1..model.max_seq_len="
                               f"{m.max_seq_len} with learned positions (rotary has no limit)")
-    multiplier = t.get("scale_lr_multiplier", 1.0)
-    if not isinstance(multiplier, (int, float)) or not multiplier > 0 or not math.isfinite(
-            multiplier):
-        raise ConfigError(f"train.scale_lr_multiplier must be a positive number (the scale "
-                          f"policy's LR / the LR), got {multiplier!r}")
-    per_call = t.get("steps_per_call", 1)
-    if not isinstance(per_call, int) or per_call < 1 or per_call & (per_call - 1):
-        raise ConfigError(f"train.steps_per_call must be a power of two >= 1, got {per_call!r}")
-    for field in ("log_every", "eval_every", "diag_every"):
-        if t[field] < 0:
-            raise ConfigError(f"train.{field} must be >= 0, got {t[field]}")
-    if config.checkpoint.every < 0:
-        raise ConfigError(f"checkpoint.every must be >= 0, got {config.checkpoint.every}")
     if d.source == "mqar":  # a generator: its settings can be checked before anything runs
         data_lib.mqar_source(d, seed=0).check(d.seq_len)  # ValueError naming the field
     heldout.window_count(d.get("test_bytes", 0), d.seq_len)  # ValueError naming the field

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 from typing import Any
 
@@ -179,6 +180,12 @@ def finished_summary(config: ml_collections.ConfigDict, workdir: str | os.PathLi
         check_same_schedule(workdir, config, summary.get("steps_completed") or 0, extend=extend)
         if not changed_identity_fields(RunFiles(workdir).read_config() or {}, config.to_dict(),
                                        SCHEDULE_FIELDS):
+            try:
+                RunFiles(workdir).read_result_metrics()
+            except ValueError as error:  # repaired by recomputing from an intact checkpoint
+                print(f"warning: {os.fspath(workdir)} finished, but {error}: its rows are "
+                      "recomputed", file=sys.stderr, flush=True)
+                return None
             return summary
     return None
 
@@ -209,7 +216,8 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
             saved = checkpoint_steps(workdir)
             if saved:
                 check_same_schedule(workdir, config, max(saved), extend=extend)
-        Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir))
+        Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir),
+                                               RunFiles(workdir).scan_metrics())
     except ValueError as error:  # a damaged config.json or no intact checkpoint
         raise ConfigError(str(error)) from None
 
@@ -225,8 +233,15 @@ def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict) 
 
 
 def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
-    """The steps of `workdir/checkpoints/<step>/`, read from the names alone (no orbax)."""
+    """The steps of `workdir/checkpoints/<step>/`, read from the names alone (no orbax).
+
+    A `checkpoints` that exists but is no directory is refused (ConfigError): read as "no
+    checkpoints" it would restart the run from step 0 and erase its metrics history.
+    """
     directory = os.path.join(workdir, "checkpoints")
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise ConfigError(f"{directory} is not a directory (a run's checkpoints live there): "
+                          "move it aside, or use a new --workdir")
     names = os.listdir(directory) if os.path.isdir(directory) else []
     return [int(name) for name in names if name.isdigit()]
 
@@ -247,8 +262,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
         source = data_lib.make_source(config.data, seed=config.train.seed)
         graphdef, state = init_state(config)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
-        checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep)
-        resume_step, state = checkpoints.restore_newest_intact(state)
+        files = RunFiles(workdir)
+        checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep,
+                                  rows_through=files.count_rows_through)
+        resume_step, state = checkpoints.restore_newest_intact(state, files.scan_metrics())
         if resume_step is not None:
             # The learning rate lives in the state (traced); a resumed run uses the config's,
             # so that config.json and the logged train/lr say what was used.
