@@ -104,7 +104,10 @@ def summarise_run(run: dict) -> dict:
         "steps_completed": summary.get("steps_completed"),
         "final_val_bpb": summary.get("final_val_bpb"),
         "final_val_loss": summary.get("final_val_loss"),
-        "final_test_bpb": summary.get("final_test_bpb", summary.get("test/bpb")),
+        # The disjoint test split, scored once at the end (None for runs made before it).
+        "final_test_bpb": summary.get("test_bpb"),
+        **({"final_test/accuracy": summary["test_accuracy"]}
+           if summary.get("test_accuracy") is not None else {}),
         "diverged_at_step": summary.get("diverged_at_step"),
         **_failures(run, found),
         # What the run consumed (absent from runs recorded before these fields existed).

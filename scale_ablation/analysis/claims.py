@@ -45,7 +45,7 @@ class Compare:
     policies: tuple[str, ...] = ()  # empty: every policy in the sweep but the reference
     reference: str = cmp.DEFAULT_REFERENCE
     metric: str = "primary"  # "primary" | "lr_sensitivity" | a run-row key
-    at: str = "best_lr"  # "best_lr" | "each_lr"
+    at: str = "best_lr"  # "best_lr" | "each_lr" | "own_lr" (one LR per setting, located before)
     min_d_k: int = 0
     min_lr: float = 0.0  # at="each_lr": only learning rates >= this
     log10: bool = False  # compare log10 of the metric (heavy-tailed ones: max |logit|)
@@ -56,13 +56,15 @@ class Compare:
     def __post_init__(self) -> None:
         if self.expect not in OPPOSITE:
             raise ValueError(f"Compare.expect must be one of {sorted(OPPOSITE)}, got {self.expect!r}")
-        if self.at not in ("best_lr", "each_lr"):
-            raise ValueError(f"Compare.at must be best_lr or each_lr, got {self.at!r}")
+        if self.at not in ("best_lr", "each_lr", "own_lr"):
+            raise ValueError(f"Compare.at must be best_lr, each_lr or own_lr, got {self.at!r}")
 
     def describe(self) -> str:
         who = ", ".join(self.policies) or f"every policy but {self.reference}"
         if self.metric == "lr_sensitivity":
             where = "each seed's curve over the LR grid"
+        elif self.at == "own_lr":
+            where = "each at its one learning rate, located by an earlier study"
         elif self.at == "best_lr":
             where = ("each at its own best LR; one on its grid's edge keeps only a decision a "
                      "wider grid cannot reverse")

@@ -22,7 +22,7 @@ def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: lis
     if without_result:
         lines += [f"**{without_result} of the sweep's runs have no result yet (summary.md lists "
                   "them): these verdicts rest on the runs that finished.**", ""]
-    caveats = verdicts.limits(rows)
+    caveats = verdicts.limits(rows, declared)
     if caveats:
         lines += ["**This sweep cannot support a verdict:** " + "; ".join(caveats) + ".", ""]
     for i, (claim, verdict) in enumerate(zip(declared, verdicts.judge_family(declared, rows),

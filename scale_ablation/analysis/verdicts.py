@@ -53,15 +53,19 @@ LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned be
 EQUIVALENT = "equivalent"
 
 
-def limits(rows: list[dict]) -> list[str]:
-    """What this sweep's design cannot support, computed from its rows (empty: nothing)."""
+def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
+    """What this sweep's design cannot support, computed from its rows (empty: nothing). One LR
+    per setting is no limit for claims that compare each policy at an LR located before
+    (`Compare(at="own_lr")`), when every declared comparison is such a claim."""
     out = []
     seeds: dict = defaultdict(set)
     for r in rows:
         seeds[(cmp.variant(r), r["d_k"])].add(r["seed"])
     if seeds and max(len(s) for s in seeds.values()) < 2:
         out.append("one seed per setting: no confidence interval and no test can be formed")
-    if rows and not cmp.has_lr_grid(rows):
+    located = declared and all((isinstance(c.rule, Compare) and c.rule.at == "own_lr")
+                               or isinstance(c.rule, Unstable) for c in declared)
+    if rows and not cmp.has_lr_grid(rows) and not located:
         out.append("one learning rate per setting: no policy is compared at its own best LR")
     bigram = [r["baseline_bigram_bpb"] for r in rows if r.get("baseline_bigram_bpb") is not None]
     values = [v for r in rows if (v := cmp.finished_value(r, "final_val_bpb")) is not None]
@@ -166,13 +170,37 @@ def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str
         metric = cmp.report_metric(rows, key) if rule.metric == "primary" else rule.metric
         higher = higher if rule.metric == "primary" else False
         split = "the test split" if "test" in metric else "the validation split"
-        if rule.at == "best_lr":
+        if rule.at == "own_lr":
+            found = _paired_own_lr(rows, rule.reference, metric, higher)
+        elif rule.at == "best_lr":
             found = cmp.paired_best_lr(cmp.best_lrs(rows, key, cmp.primary_metric(rows)[1]),
                                        rule.reference, metric, higher)
         else:
             found = cmp.paired_same_lr([r for r in rows if r["lr"] >= rule.min_lr],
                                        rule.reference, metric, higher)
     return [p for p in found if not rule.policies or p.policy in rule.policies], higher, split
+
+
+def _paired_own_lr(rows: list[dict], reference: str, key: str,
+                   higher: bool) -> list[cmp.Paired]:
+    """Each setting with one learning rate against the reference's, matched on seed: for
+    designs whose LRs were located by an earlier study (the LR is not a swept axis here)."""
+    by_setting: dict = defaultdict(dict)
+    for r in rows:
+        if (v := cmp.finished_value(r, key)) is not None:
+            by_setting[(cmp.setting(r), r["policy"], r["d_k"])][r["seed"]] = v
+    refs = {d_k: seeds for (_, policy, d_k), seeds in by_setting.items() if policy == reference}
+    out = []
+    for (name, policy, d_k), seeds in by_setting.items():
+        shared = sorted(set(seeds) & set(refs.get(d_k, {}))) if policy != reference else []
+        if not shared:
+            continue
+        values, ref = [seeds[s] for s in shared], [refs[d_k][s] for s in shared]
+        diff = stats.paired(values, ref)
+        out.append(cmp.Paired(name, policy, d_k, None, diff,
+                              stats.decide(diff, higher_is_better=higher),
+                              differences=tuple(v - r for v, r in zip(values, ref, strict=True))))
+    return out
 
 
 # --------------------------------------------------------------------------- counts
@@ -292,7 +320,7 @@ def _flatten(claim: Claim, rows: list[dict]) -> tuple[object, list[dict]]:
 
 def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
     """Every claim's verdict, with Holm's correction over all of the study's tests."""
-    caveats = limits(rows)
+    caveats = limits(rows, declared)
     key, _ = cmp.primary_metric(rows)
     floor = cmp.noise_floor(rows, cmp.DEFAULT_REFERENCE, key)
     parts = []
