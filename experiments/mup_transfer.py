@@ -20,6 +20,7 @@ steps) and `quick` (tests: widths 32 and 64, 2 LRs, 1 seed, a few seconds a run)
 """
 
 from experiments import base
+from scale_ablation.analysis import claims as claims_lib
 from scale_ablation.analysis import transfer
 
 POLICIES = ("inv_sqrt_dk", "mup_inv_dk", "qk_layernorm")  # mup_inv_dk gets the base head dim
@@ -69,9 +70,17 @@ def sweep(arg: str | None = None) -> list[dict]:
     ]
 
 
-def transfer_claims(arg: str | None = None) -> list[transfer.Transfer]:
-    """The transfer rules of this study (judged by `transfer.Transfer.judge`)."""
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    """The transfer claims of this study (each judged by `transfer.Transfer.judge`)."""
     mup_1_over_dk = ("mup", policy_spec("mup_inv_dk", arg))
-    return [transfer.Transfer((mup_1_over_dk,), expect=True),
-            transfer.Transfer((("sp", "inv_sqrt_dk"),), expect=False),
-            transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=True)]
+    return [
+        claims_lib.Claim("Under μP with 1/d_k the best learning rate is the same at every width",
+                         transfer.Transfer((mup_1_over_dk,), expect=True),
+                         source="Yang et al. 2022"),
+        claims_lib.Claim("Under SP with 1/√d_k the best learning rate moves with width",
+                         transfer.Transfer((("sp", "inv_sqrt_dk"),), expect=False),
+                         source="Yang et al. 2022"),
+        claims_lib.Claim("Under μP, 1/√d_k transfers too (the literature disagrees)",
+                         transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=True),
+                         source="Lingle 2024"),
+    ]

@@ -338,6 +338,8 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
     for part in parts:
         if hasattr(part, "verdict"):
             verdict = part.verdict(caveats)
+        elif hasattr(part[0], "judge"):  # a rule that judges itself (`transfer.Transfer`)
+            verdict = part[0].judge(part[1])
         elif isinstance(part[0], Band):
             verdict = judge_band(part[0], part[1])
         else:
