@@ -17,7 +17,7 @@ from flax import nnx
 from helpers import tiny_config
 
 from scale_ablation.analysis import baselines
-from scale_ablation.data import heldout
+from scale_ablation.data import heldout, windows
 from scale_ablation.data import sources as data
 from scale_ablation.errors import ConfigError
 from scale_ablation.model.lm import build_model
@@ -253,8 +253,8 @@ def test_test_generators_are_no_training_or_validation_generator():
     validation generators, the test generators' states differ, and so do the sequences."""
     tests = {generator_state(heldout.heldout_rng(i)) for i in range(16)}
     seeds = (0, 1, data.VALIDATION_SEED, heldout.TEST_SEED, heldout.TEST_SEED + 2**32, 2**96 + 5)
-    trains = {generator_state(data._train_rng(seed, step)) for seed in seeds for step in range(16)}
-    vals = {generator_state(data._val_rng(i)) for i in range(16)}
+    trains = {generator_state(windows.train_rng(seed, step)) for seed in seeds for step in range(16)}
+    vals = {generator_state(windows.val_rng(i)) for i in range(16)}
     assert len(tests) == 16 and tests.isdisjoint(trains | vals)
     # The guard is needed: a plain [TEST_SEED, i] is the train generator of seed TEST_SEED.
     assert generator_state(np.random.default_rng([heldout.TEST_SEED, 3])) in trains

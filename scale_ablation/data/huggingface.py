@@ -47,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from scale_ablation.data.sources import (
+from scale_ablation.data.windows import (
     Batch,
     ValidationSet,
-    _process_rows,
-    _val_starts,
-    _windows,
+    cut_windows,
     held_out_batches,
+    process_rows,
+    val_starts,
 )
 
 TEXT = "text"
@@ -216,7 +216,7 @@ class HFStream:
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, *,
                     process_index: int = 0, process_count: int = 1) -> Batch:
-        rows = _process_rows(batch_size, process_index, process_count)
+        rows = process_rows(batch_size, process_index, process_count)
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         count = rows.stop - rows.start
@@ -247,7 +247,7 @@ class HFStream:
         if val.size < seq_len + 1:
             raise ValueError(f"data.source {self.name} validation split has {val.size} bytes, "
                              f"fewer than seq_len + 1 = {seq_len + 1}")
-        return [_windows(val, _val_starts(val.size, batch_size, seq_len, i), seq_len)
+        return [cut_windows(val, val_starts(val.size, batch_size, seq_len, i), seq_len)
                 for i in range(num_batches)]
 
     def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,

@@ -33,95 +33,31 @@ import glob
 import importlib.util
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from scale_ablation.data import heldout
+from scale_ablation.data.windows import (
+    VALIDATION_SEED,  # noqa: F401 - part of the API
+    Batch,
+    DataSource,
+    ValidationSet,
+    cut_windows,
+    held_out_batches,
+    process_rows,
+    process_share,
+    real_rows,
+    train_rng,
+    val_rng,
+    val_starts,
+)
 
 VOCAB_SIZE = 256
 VALIDATION_EVERY = 10  # file i is validation when i % VALIDATION_EVERY == 0
 VALIDATION_FRACTION = 0.1  # single-file corpora: the last 10% of the bytes is validation
 # The validation rng never sees the train seed, so every run is scored on the same windows.
-VALIDATION_SEED = 0x5EED_0FF
 SOURCES = ("shakespeare", "text:PATH_OR_GLOB", "mqar", "hf:PATH_OR_NAME[:CONFIG]")
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    inputs: np.ndarray  # [B, T] int32 byte ids
-    targets: np.ndarray  # [B, T] int32 next-byte ids
-    weights: np.ndarray  # [B, T] float32, 1 where the loss counts (MQAR: answer positions only)
-
-
-# A validation set as a run reads it: (batch_size, seq_len, num_batches) of `val_batches`.
-ValidationSet = tuple[int, int, int]
-
-
-class DataSource(Protocol):
-    name: str
-
-    def train_batch(self, step: int, batch_size: int, seq_len: int, *, process_index: int = 0,
-                    process_count: int = 1) -> Batch:
-        """This process's rows [i*B/P, (i+1)*B/P) of the global batch for `step`."""
-        ...
-
-    def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
-        """The fixed validation set: identical on every call and for every train seed."""
-        ...
-
-    def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
-                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
-        """The fixed test set: `num_windows` sequences (fewer if the held-out text has fewer
-        outside the validation windows of `avoid`) in batches of `batch_size`, the last one
-        padded with rows of weight 0; identical on every call and for every train seed."""
-        ...
-
-
-def _process_rows(batch_size: int, process_index: int, process_count: int) -> slice:
-    if process_count < 1 or not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} is not in [0, {process_count})")
-    if batch_size % process_count:
-        raise ValueError(
-            f"batch_size {batch_size} does not divide by process_count {process_count}"
-        )
-    rows = batch_size // process_count
-    return slice(process_index * rows, (process_index + 1) * rows)
-
-
-def process_share(batch: Batch, process_index: int, process_count: int) -> Batch:
-    """This process's rows of a global batch: in a multi-host run each process feeds its own."""
-    rows = _process_rows(batch.inputs.shape[0], process_index, process_count)
-    return Batch(batch.inputs[rows], batch.targets[rows], batch.weights[rows])
-
-
-def _train_rng(seed: int, step: int) -> np.random.Generator:
-    if seed < 0 or step < 0:
-        raise ValueError(f"seed and step must be >= 0, got seed {seed}, step {step}")
-    return np.random.default_rng([seed, step])
-
-
-def _val_rng(batch_index: int) -> np.random.Generator:
-    # One generator per validation batch: asking for fewer batches gives a prefix of the set.
-    return np.random.default_rng([VALIDATION_SEED, batch_index])
-
-
-def _val_starts(size: int, batch_size: int, seq_len: int, batch_index: int) -> np.ndarray:
-    """[B] starts of validation batch `batch_index`'s windows in `size` held-out bytes."""
-    return _val_rng(batch_index).integers(0, size - seq_len, size=batch_size)
-
-
-# --- byte corpora -------------------------------------------------------------------------------
-
-
-def _windows(corpus: np.ndarray, starts: np.ndarray, seq_len: int) -> Batch:
-    windows = corpus[starts[:, None] + np.arange(seq_len + 1)]  # (B, T+1) uint8
-    windows = windows.astype(np.int32)
-    return Batch(
-        inputs=windows[:, :-1],
-        targets=windows[:, 1:],
-        weights=np.ones((len(starts), seq_len), np.float32),
-    )
 
 
 def _check_length(corpus: np.ndarray, seq_len: int, what: str) -> None:
@@ -140,38 +76,20 @@ class ByteCorpus:
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, *, process_index: int = 0,
                     process_count: int = 1) -> Batch:
-        rows = _process_rows(batch_size, process_index, process_count)
+        rows = process_rows(batch_size, process_index, process_count)
         _check_length(self.train, seq_len, f"{self.name} training split")
         # Draw the global batch's starts, then gather only this process's rows.
-        starts = _train_rng(self.seed, step).integers(0, self.train.size - seq_len, size=batch_size)
-        return _windows(self.train, starts[rows], seq_len)
+        starts = train_rng(self.seed, step).integers(0, self.train.size - seq_len, size=batch_size)
+        return cut_windows(self.train, starts[rows], seq_len)
 
     def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
         _check_length(self.val, seq_len, f"{self.name} validation split")
-        return [_windows(self.val, _val_starts(self.val.size, batch_size, seq_len, i), seq_len)
+        return [cut_windows(self.val, val_starts(self.val.size, batch_size, seq_len, i), seq_len)
                 for i in range(num_batches)]
 
     def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
                      avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
         return held_out_batches(self.val, batch_size, seq_len, num_windows, avoid)
-
-
-def held_out_batches(held_out: np.ndarray, batch_size: int, seq_len: int, num_windows: int,
-                     avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
-    """The test batches of held-out bytes whose validation windows are `avoid`
-    (`heldout.tile_starts`): [B, T] each, rows past the last tile weighted 0."""
-    spans = [(np.concatenate([_val_starts(held_out.size, b, length, i) for i in range(n)]),
-              length)
-             for b, length, n in avoid if n and held_out.size > length]
-    starts = heldout.tile_starts(held_out.size, seq_len, num_windows, spans)  # [W]
-    rows, real = heldout.padded_rows(starts.size, batch_size)  # [batches, B] each
-    return [_real_rows(_windows(held_out, starts[index], seq_len), weight)
-            for index, weight in zip(rows, real, strict=True)]
-
-
-def _real_rows(batch: Batch, real: np.ndarray) -> Batch:
-    """`batch` with the weights of rows where `real` [B] is False set to 0 (padding)."""
-    return Batch(batch.inputs, batch.targets, batch.weights * real[:, None])
 
 
 def _read_bytes(paths: Sequence[str]) -> np.ndarray:
@@ -320,17 +238,17 @@ class MQAR:
 
     def train_batch(self, step: int, batch_size: int, seq_len: int, *, process_index: int = 0,
                     process_count: int = 1) -> Batch:
-        batch = self._sequences(_train_rng(self.seed, step), batch_size, seq_len)
+        batch = self._sequences(train_rng(self.seed, step), batch_size, seq_len)
         return process_share(batch, process_index, process_count)
 
     def val_batches(self, batch_size: int, seq_len: int, num_batches: int) -> list[Batch]:
-        return [self._sequences(_val_rng(i), batch_size, seq_len) for i in range(num_batches)]
+        return [self._sequences(val_rng(i), batch_size, seq_len) for i in range(num_batches)]
 
     def test_batches(self, batch_size: int, seq_len: int, num_windows: int, *,
                      avoid: Sequence[ValidationSet] = ()) -> list[Batch]:
         """Fresh sequences: batch i from `heldout.heldout_rng(i)` (`avoid` is moot here)."""
         _, real = heldout.padded_rows(num_windows, batch_size)  # [batches, B]
-        return [_real_rows(self._sequences(heldout.heldout_rng(i), batch_size, seq_len), weight)
+        return [real_rows(self._sequences(heldout.heldout_rng(i), batch_size, seq_len), weight)
                 for i, weight in enumerate(real)]
 
 
