@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scale_ablation.model import attention, policies
+from scale_ablation.model import attention, initializers, policies
 from scale_ablation.model.spec import ModelConfig
 
 BATCH, SEQ, HEADS, HEAD_DIM = 2, 7, 3, 16
@@ -260,7 +260,7 @@ def test_self_attention_rejects_bad_shapes(bad):
 
 
 def test_xavier_normal_std():
-    w = attention.xavier_normal(2.0)(jax.random.key(0), (256, 768))
+    w = initializers.xavier_normal(2.0)(jax.random.key(0), (256, 768))
     assert float(w.std()) == pytest.approx(2.0 * math.sqrt(2 / (256 + 768)), rel=0.02)
 
 
@@ -385,3 +385,69 @@ def test_rotary_self_attention_rotates_queries_and_keys():
     scale = np.full((SEQ, HEADS), 1 / math.sqrt(HEAD_DIM))
     expected = numpy_attention(q, k, v, scale, causal=True).reshape(2, SEQ, -1) @ w["out"]
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- q/k width apart
+
+
+def test_qk_dim_sets_q_and_k_apart_from_v():
+    """model.qk_dim = 12 with head_dim = 4: q, k projections of H·12, v and out of H·4; the
+    output is NumPy's attention at d_k = 12 on the module's own projections."""
+    module = build("inv_sqrt_dk", head_dim=4, qk_dim=12)
+    counts = {name: getattr(module, name).kernel[...].shape for name in ("query", "key",
+                                                                          "value", "out")}
+    assert counts == {"query": (D_MODEL, HEADS * 12), "key": (D_MODEL, HEADS * 12),
+                      "value": (D_MODEL, HEADS * 4), "out": (HEADS * 4, D_MODEL)}
+    same = build("inv_sqrt_dk", head_dim=4)
+    params = lambda m: sum(p.size for p in jax.tree.leaves(nnx.state(m, nnx.Param)))  # noqa: E731
+    assert params(module) - params(same) == 2 * D_MODEL * HEADS * (12 - 4)
+    x = normal(50, (2, SEQ, D_MODEL))
+    out, _ = module(x)
+    w = {name: np.asarray(getattr(module, name).kernel[...], np.float64)
+         for name in ("query", "key", "value", "out")}
+    q, k = ((np.asarray(x, np.float64) @ w[n]).reshape(2, SEQ, HEADS, 12) for n in ("query", "key"))
+    v = (np.asarray(x, np.float64) @ w["value"]).reshape(2, SEQ, HEADS, 4)
+    expected = numpy_attention(q, k, v, np.full((SEQ, HEADS), 1 / math.sqrt(12)), causal=True)
+    np.testing.assert_allclose(out, expected.reshape(2, SEQ, -1) @ w["out"], rtol=1e-4,
+                               atol=1e-5)
+
+
+def test_qk_dim_zero_is_head_dim_and_leaves_the_model_unchanged():
+    a, b = build("inv_sqrt_dk"), build("inv_sqrt_dk", qk_dim=HEAD_DIM)
+    assert nnx.split(a)[0] == nnx.split(build("inv_sqrt_dk", qk_dim=0))[0]
+    for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+# --------------------------------------------------------------------------- the precision switches
+
+
+def test_precision_switches_apart():
+    """float16 inputs with |q|² ≈ 1e5: a float16 q·k product overflows (whatever the softmax
+    dtype); a float32 product scaled by 1/32 fits float16 and gives the float32 answer."""
+    q = (10.0 * normal(0, (1, 4, 2, 1024))).astype(jnp.float16)
+    v = normal(1, q.shape, jnp.float16)
+    policy = policies.get("inv_sqrt_dk")
+    f16_product, internals = attention.attend(q, q, v, policy=policy, qk_product_dtype=None,
+                                              softmax_dtype=jnp.float32, return_internals=True)
+    assert internals.logits.dtype == jnp.float32
+    assert not bool(jnp.isfinite(f16_product).all())
+    f16_softmax, internals = attention.attend(q, q, v, policy=policy, qk_product_dtype=jnp.float32,
+                                              softmax_dtype=None, return_internals=True)
+    assert internals.logits.dtype == jnp.float16 and bool(jnp.isfinite(f16_softmax).all())
+    q64, v64 = np.asarray(q, np.float64), np.asarray(v, np.float64)
+    expected = numpy_attention(q64, q64, v64, np.full((4, 2), 1 / 32), causal=True)
+    np.testing.assert_allclose(f16_softmax.astype(jnp.float32), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("fields", "expected"), [
+    ({}, (jnp.float32, jnp.float32)),
+    ({"logits_dtype": "activation"}, (None, None)),  # an old config's one switch: both
+    ({"logits_dtype": "activation", "softmax_dtype": "float32"}, (None, jnp.float32)),
+    ({"qk_product_dtype": "activation"}, (None, jnp.float32)),
+])
+def test_old_logits_dtype_sets_both_switches_unless_one_is_set(fields, expected):
+    model = ModelConfig(d_model=8, num_layers=1, num_heads=1, head_dim=8,
+                        layer_policies=("none",), **fields)
+    model.check()
+    assert tuple(model.attention_precision.values()) == expected

@@ -3,7 +3,8 @@
 Layout throughout is the `jax.nn.dot_product_attention` one: [batch, seq, heads, head_dim].
 Two backends compute the same function:
 - "reference": explicit logits and softmax in XLA; the only path that can return the
-  probabilities (diagnostics), apply attention dropout or a policy's logit transform.
+  probabilities (diagnostics), apply attention dropout or a policy's logit transforms (soft-cap,
+  LayerNorm of the logits) and weights in place of the softmax (sigmoid, sink).
 - "fused": `jax.nn.dot_product_attention` (cuDNN on GPU where it applies, XLA elsewhere) with the
   policy's multiplier folded into q, so learned and traced scales work with a kernel whose own
   `scale` argument must be a static float.
@@ -18,9 +19,9 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from scale_ablation.model import diagnostics
+from scale_ablation.model import blocked_attention, diagnostics
 from scale_ablation.model.initializers import kernel_init
-from scale_ablation.model.policies import Params, ScaleContext, ScalePolicy
+from scale_ablation.model.policies import Params, ScaleContext, ScalePolicy, softmax_weights
 from scale_ablation.model.spec import ModelConfig
 
 _WARNED: set[str] = set()
@@ -36,9 +37,12 @@ def _warn_once(message: str) -> None:
 class AttentionInternals:
     """What the reference path can expose, for diagnostics."""
 
-    logits: jax.Array  # [B, H, Tq, Tk] post-scale, pre-mask
-    probs: jax.Array  # [B, H, Tq, Tk]
+    logits: jax.Array  # [B, H, Tq, Tk] what enters the softmax (post-scale, post-cap), pre-mask
+    probs: jax.Array  # [B, H, Tq, Tk] the weights on v
     mask: jax.Array | None  # [Tq, Tk] bool, True where a query may look
+    # [H] float32: each head's largest post-scale logit over visible keys, before any post-scale
+    # transform (the logit QK-clip bounds; MuonClip's S_max).
+    max_logit: jax.Array | None = None
 
 
 def causal_mask(q_len: int, k_len: int) -> jax.Array:
@@ -50,6 +54,11 @@ def _keys_per_query(q_len: int, k_len: int, causal: bool) -> jax.Array:
     if causal:
         return jnp.arange(1, q_len + 1, dtype=jnp.float32) + (k_len - q_len)
     return jnp.full((q_len,), k_len, jnp.float32)
+
+
+def _query_positions(q_len: int, k_len: int) -> jax.Array:
+    """[Tq] float32: query i sits at position i + (Tk - Tq), as in `causal_mask`."""
+    return jnp.arange(q_len, dtype=jnp.float32) + (k_len - q_len)
 
 
 def query_scale(
@@ -70,21 +79,35 @@ def query_scale(
         head_dim=head_dim,
         base_scale=jnp.asarray(base_scale, jnp.float32),
         num_keys=_keys_per_query(q_len, k_len, causal),
+        positions=_query_positions(q_len, k_len),
     )
     return jnp.broadcast_to(policy.scale(params, ctx), (q_len, num_heads)).astype(jnp.float32)
 
 
 def fused_unsupported_reason(
-    policy: ScalePolicy, *, dtype, logits_dtype, dropout: bool
+    policy: ScalePolicy, *, dtype, precision: tuple, dropout: bool
 ) -> str | None:
-    """Why the fused kernel cannot compute this attention, or None if it can."""
-    if policy.transform_logits is not None:
-        return "the policy transforms the raw logits, which the fused kernel never exposes"
+    """Why the fused kernel cannot compute this attention, or None if it can.
+    precision: (q·k product dtype, softmax input dtype), as `precisions` gives them."""
+    reason = policy.fused_unsupported()
+    if reason is not None:
+        return f"the policy cannot be fused: {reason}"
     if dropout:
         return "jax.nn.dot_product_attention has no attention dropout"
-    if logits_dtype is None and jnp.dtype(dtype) != jnp.float32:
+    if any(jnp.dtype(switch) != jnp.float32 for switch in precision):
         return "logits in the activation dtype need the reference path (the kernel picks its own)"
     return None
+
+
+def precisions(dtype, logits_dtype, qk_product_dtype, softmax_dtype) -> tuple:
+    """(q·k product dtype, softmax input dtype) as dtypes; `logits_dtype` (the single switch of
+    configs before the two were apart) is the default of either; None is the activation dtype."""
+    product = logits_dtype if qk_product_dtype is SAME_AS_LOGITS else qk_product_dtype
+    softmax = logits_dtype if softmax_dtype is SAME_AS_LOGITS else softmax_dtype
+    return (product or dtype, softmax or dtype)
+
+
+SAME_AS_LOGITS = "same as logits_dtype"  # the default of attend's two precision switches
 
 
 def fused_implementation(dtype, head_dim: int) -> str | None:
@@ -130,6 +153,8 @@ def attend(
     causal: bool = True,
     base_scale: jax.Array | float | None = None,
     logits_dtype=jnp.float32,
+    qk_product_dtype=SAME_AS_LOGITS,
+    softmax_dtype=SAME_AS_LOGITS,
     implementation: str = "reference",
     dropout_rate: float = 0.0,
     dropout_key: jax.Array | None = None,
@@ -141,37 +166,50 @@ def attend(
         `policy.base_scale(head_dim)` as a constant.
     logits_dtype: dtype of the logits and softmax (float32 by default); None keeps the
         activation dtype, to reproduce the mixed-precision overflow of the article's pitfall 3.
+    qk_product_dtype, softmax_dtype: the two apart (MaxText's `float32_qk_product` and
+        `float32_logits`): the dtype q·k accumulates in and is scaled in, and the dtype of what
+        enters the softmax (post-scale transforms included); each defaults to `logits_dtype`.
     implementation: "reference" or "fused"; fused falls back to reference (warning once) when
-        the combination is unsupported, and always when internals are requested.
+        the combination is unsupported, and always when internals are requested. "blocked":
+        causal blocks at or below the diagonal with an online softmax (`blocked_attention`,
+        same fallback); "auto": blocked where it applies and was measured faster, else reference.
     """
     if params is None:
         params = {}
     _, q_len, num_heads, head_dim = q.shape
     k_len = k.shape[1]
     dropout = dropout_rate > 0.0 and dropout_key is not None
-    if implementation not in ("reference", "fused"):
-        raise ValueError(f"implementation must be 'reference' or 'fused', got {implementation!r}")
+    if implementation not in ("reference", "fused", *blocked_attention.IMPLEMENTATIONS):
+        raise ValueError("implementation must be 'reference', 'fused', 'blocked' or 'auto', "
+                         f"got {implementation!r}")
+    precision = precisions(q.dtype, logits_dtype, qk_product_dtype, softmax_dtype)
     if implementation == "fused" and not return_internals:
-        reason = fused_unsupported_reason(
-            policy, dtype=q.dtype, logits_dtype=logits_dtype, dropout=dropout
-        )
+        reason = fused_unsupported_reason(policy, dtype=q.dtype, precision=precision,
+                                          dropout=dropout)
         if reason is None:
             return _fused(q, k, v, policy, params, causal=causal, base_scale=base_scale)
         _warn_once(f"fused attention unavailable ({reason}); using the reference path")
 
     q, k = policy.transform_qk(params, q, k)
-    compute_dtype = logits_dtype or q.dtype
     scale = query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=num_heads,
                         head_dim=head_dim, causal=causal, base_scale=base_scale)
-    drop = (dropout_rate, dropout_key) if dropout else None
+    if implementation in blocked_attention.IMPLEMENTATIONS:
+        reason = blocked_attention.unsupported_reason(
+            policy, causal=causal, q_len=q_len, k_len=k_len, precision=precision,
+            dropout=dropout, return_internals=return_internals)
+        if blocked_attention.use_blocked(implementation, q_len, reason):
+            return blocked_attention.blocked_attention(q, k, v, scale)
+        if implementation == "blocked" and not return_internals:
+            _warn_once(f"blocked attention unavailable ({reason}); using the reference path")
+    dense = _Dense(policy, params, precision, (dropout_rate, dropout_key) if dropout else None,
+                   seq_len=k_len)
     if (causal and q_len == k_len and q_len >= 2 * CAUSAL_BLOCK and q_len % CAUSAL_BLOCK == 0
             and not return_internals and policy.transform_logits is None):
-        return _causal_blocks(q, k, v, scale, compute_dtype, drop)
+        return _causal_blocks(q, k, v, scale, dense)
     mask = causal_mask(q_len, k_len) if causal else None
-    out, logits, probs = _softmax_attention(q, k, v, scale, mask, compute_dtype, drop,
-                                            policy.transform_logits)
+    out, logits, probs, max_logit = dense(q, k, v, scale, mask)
     if return_internals:
-        return out, AttentionInternals(logits=logits, probs=probs, mask=mask)
+        return out, AttentionInternals(logits=logits, probs=probs, mask=mask, max_logit=max_logit)
     return out
 
 
@@ -180,35 +218,56 @@ def attend(
 CAUSAL_BLOCK = 64
 
 
-def _causal_blocks(q, k, v, scale, compute_dtype, drop) -> jax.Array:
+def _causal_blocks(q, k, v, scale, dense: _Dense) -> jax.Array:
     seq = q.shape[1]
     outs = []
     for index, start in enumerate(range(0, seq, CAUSAL_BLOCK)):
         stop = start + CAUSAL_BLOCK
-        block_drop = drop and (drop[0], jax.random.fold_in(drop[1], index))
-        out, _, _ = _softmax_attention(
+        block = dense.for_block(index)
+        out, _, _, _ = block(
             q[:, start:stop], k[:, :stop], v[:, :stop],  # (B, blk, H, D), (B, stop, H, D)
-            scale[start:stop], causal_mask(CAUSAL_BLOCK, stop), compute_dtype, block_drop, None)
+            scale[start:stop], causal_mask(CAUSAL_BLOCK, stop))
         outs.append(out)
     return jnp.concatenate(outs, axis=1)  # (B, T, H, D)
 
 
-def _softmax_attention(q, k, v, scale, mask, compute_dtype, drop, transform_logits):
-    """softmax(scale · q·k) v with the mask; returns (out, post-scale logits, probs)."""
-    logits = jnp.einsum(
-        "bqhd,bkhd->bhqk", q, k, preferred_element_type=compute_dtype
-    ).astype(compute_dtype)  # [B, H, Tq, Tk]
-    if transform_logits is not None:
-        logits = transform_logits(logits, mask)
-    logits = logits * scale.T[None, :, :, None].astype(compute_dtype)  # [Tq,H] -> [1,H,Tq,1]
-    masked = logits if mask is None else jnp.where(mask, logits, jnp.finfo(compute_dtype).min)
-    probs = jax.nn.softmax(masked, axis=-1)
-    weights = probs
-    if drop:
-        rate, key = drop
-        keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
-        weights = jnp.where(keep, probs / (1.0 - rate), 0.0)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v), logits, probs
+@dataclasses.dataclass(frozen=True)
+class _Dense:
+    """The reference path's attention with a policy's logit stages, in its two dtypes."""
+
+    policy: ScalePolicy
+    params: Params
+    precision: tuple  # (q·k product dtype, softmax input dtype)
+    drop: tuple | None  # (rate, key) or None
+    seq_len: int  # keys of the whole attention (a block sees fewer): sigmoid's T
+
+    def for_block(self, index: int) -> _Dense:
+        drop = self.drop and (self.drop[0], jax.random.fold_in(self.drop[1], index))
+        return dataclasses.replace(self, drop=drop)
+
+    def __call__(self, q, k, v, scale, mask):
+        """(out, logits entering the weights, weights, [H] largest post-scale logit)."""
+        product, softmax = self.precision
+        policy = self.policy
+        logits = jnp.einsum(
+            "bqhd,bkhd->bhqk", q, k, preferred_element_type=product
+        ).astype(product)  # [B, H, Tq, Tk]
+        if policy.transform_logits is not None:
+            logits = policy.transform_logits(logits, mask)
+        logits = logits * scale.T[None, :, :, None].astype(product)  # [Tq,H] -> [1,H,Tq,1]
+        visible = logits if mask is None else jnp.where(mask, logits, -jnp.inf)
+        max_logit = jax.lax.stop_gradient(visible.max(axis=(0, 2, 3)).astype(jnp.float32))
+        logits = logits.astype(softmax)
+        if policy.transform_scaled is not None:
+            logits = policy.transform_scaled(logits)
+        probs = (policy.weights or softmax_weights)(self.params, logits, mask, self.seq_len)
+        weights = probs
+        if self.drop:
+            rate, key = self.drop
+            keep = jax.random.bernoulli(key, 1.0 - rate, probs.shape)
+            weights = jnp.where(keep, probs / (1.0 - rate), 0.0)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+        return out, logits, probs, max_logit
 
 
 # --------------------------------------------------------------------------- NNX module
@@ -228,15 +287,23 @@ def apply_rotary(x: jax.Array, positions: jax.Array, base: float = 10_000.0) -> 
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).astype(x.dtype)
 
 
+class MaxLogit(nnx.Variable):
+    """QK-clip's record: each head's largest logit in the last train step's forward pass,
+    [heads] float32 (model state, never trained; written by the train step, logged)."""
+
+
 class SelfAttention(nnx.Module):
     """Multi-head self-attention whose logit scale is a `ScalePolicy`.
 
-    head_dim is independent of d_model, so d_k can be swept at a fixed model width.
+    head_dim (the value/output width per head) is independent of d_model, so d_k can be swept at
+    a fixed model width; q and k have their own per-head width `model.qk_dim` (default: head_dim),
+    the d_k every policy sees, so a d_k arm can grow q and k only.
     """
 
-    def __init__(self, model: ModelConfig, policy: ScalePolicy, *, rngs: nnx.Rngs):
-        num_heads, head_dim = model.num_heads, model.head_dim
-        inner = num_heads * head_dim
+    def __init__(self, model: ModelConfig, policy: ScalePolicy, *, rngs: nnx.Rngs,
+                 layer: int = 0):
+        num_heads, head_dim, qk_dim = model.num_heads, model.head_dim, model.qk_width
+        inner, qk_inner = num_heads * head_dim, num_heads * qk_dim
         # The q/k gain is the article's pitfall 1: it changes Var(q·k) by gain⁴.
         qk_init, other_init = kernel_init(model.init, model.init_gain), kernel_init(model.init)
         # The output projection writes into the residual stream (GPT-2 scales it by depth).
@@ -247,18 +314,21 @@ class SelfAttention(nnx.Module):
             return nnx.Linear(fan_in, fan_out, use_bias=use_bias, kernel_init=init,
                               dtype=model.compute_dtype, rngs=rngs)
 
-        self.query = linear(model.d_model, inner, qk_init)
-        self.key = linear(model.d_model, inner, qk_init)
+        self.query = linear(model.d_model, qk_inner, qk_init)
+        self.key = linear(model.d_model, qk_inner, qk_init)
         self.value = linear(model.d_model, inner, other_init)
         self.out = linear(inner, model.d_model, out_init)
         self.policy = policy
         self.policy_params = nnx.Param(
-            policy.init(rngs.params(), num_heads=num_heads, head_dim=head_dim)
+            policy.init(rngs.params(), num_heads=num_heads, head_dim=qk_dim)
         )
-        self.base_scale = ScaleValue(jnp.float32(policy.base_scale(head_dim)))
-        self.num_heads, self.head_dim = num_heads, head_dim
+        self.base_scale = ScaleValue(jnp.float32(model.base_scale(policy, layer)))
+        if policy.qk_clip is not None:
+            self.max_logit = MaxLogit(jnp.zeros((num_heads,), jnp.float32))
+        self.num_heads, self.head_dim, self.qk_dim = num_heads, head_dim, qk_dim
         self.attention_dropout = model.attention_dropout
-        self.logits_dtype = model.attention_logits_dtype
+        # attend's keywords: the dtypes of the q·k product and of the softmax input.
+        self.precision = tuple(model.attention_precision.items())  # hashable: graphdef static
         self.rotary = model.positions == "rotary"
         self.attention_impl = model.attention_impl
 
@@ -270,34 +340,47 @@ class SelfAttention(nnx.Module):
         with_diagnostics: bool = False,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
         batch, seq, _ = x.shape
-        split = (batch, seq, self.num_heads, self.head_dim)
-        q = self.query(x).reshape(split)  # (B, T, H, D)
-        k = self.key(x).reshape(split)
-        v = self.value(x).reshape(split)
+        qk_split = (batch, seq, self.num_heads, self.qk_dim)
+        q = self.query(x).reshape(qk_split)  # (B, T, H, D_qk)
+        k = self.key(x).reshape(qk_split)
+        v = self.value(x).reshape(batch, seq, self.num_heads, self.head_dim)  # (B, T, H, D)
         if self.rotary:
             positions = jnp.arange(seq)
             q, k = apply_rotary(q, positions), apply_rotary(k, positions)
         params = self.policy_params.get_value()
+        clip = self.policy.qk_clip is not None
         result = attend(
             q, k, v,
             policy=self.policy,
             params=params,
             causal=True,
             base_scale=self.base_scale[...],
-            logits_dtype=self.logits_dtype,
+            **dict(self.precision),
             implementation=self.attention_impl,
             dropout_rate=self.attention_dropout,
             dropout_key=dropout_key,
-            return_internals=with_diagnostics,
+            # QK-clip reads each head's largest logit off the dense path's logits: no extra pass.
+            return_internals=with_diagnostics or clip,
         )
         stats = None
-        if with_diagnostics:
+        if with_diagnostics or clip:
             result, internals = result
-            stats = diagnostics.attention_stats(internals.logits, internals.probs, internals.mask)
-            learned = self.policy.learned_values
-            if learned is not None:
-                for name, value in learned(params).items():
-                    stats[f"learned_{name}"] = jnp.broadcast_to(value, (self.num_heads,))
+        if with_diagnostics:
+            stats = self._stats(internals, params)
+        if clip:  # for the train step (`qk_clip.step_maxima`); the record is set outside
+            self.sow(nnx.Intermediate, "step_max_logit", internals.max_logit)
         out = self.out(result.reshape(batch, seq, self.num_heads * self.head_dim))  # (B, T, C)
         return out, stats
+
+    def _stats(self, internals: AttentionInternals, params: Params) -> dict[str, jax.Array]:
+        """The diagnostics of one forward pass, the policy's learned values and, under QK-clip,
+        each head's largest logit in the last train step's forward pass (`MaxLogit`)."""
+        stats = diagnostics.attention_stats(internals.logits, internals.probs, internals.mask)
+        learned = self.policy.learned_values
+        if learned is not None:
+            for name, value in learned(params).items():
+                stats[f"learned_{name}"] = jnp.broadcast_to(value, (self.num_heads,))
+        if self.policy.qk_clip is not None:
+            stats["qk_clip_max_logit"] = self.max_logit.get_value()
+        return stats
 

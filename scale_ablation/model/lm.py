@@ -30,11 +30,13 @@ def embedding_init(init: str) -> dict:
 class Block(nnx.Module):
     """Attention and a GELU MLP, each with a residual; norms before (pre) or after (post)."""
 
-    def __init__(self, model: ModelConfig, policy: ScalePolicy, *, rngs: nnx.Rngs):
+    def __init__(self, model: ModelConfig, policy: ScalePolicy, *, rngs: nnx.Rngs,
+                 layer: int = 0):
         d_model, dtype = model.d_model, model.compute_dtype
         self.post_norm = model.norm_position == "post"
         self.attention_norm = make_norm(model.norm, d_model, dtype, rngs)
-        self.attention = SelfAttention(model, policy, rngs=rngs)
+        # The layer's index: a policy's number may depend on it (`inv_layer`).
+        self.attention = SelfAttention(model, policy, rngs=rngs, layer=layer)
         self.mlp_norm = make_norm(model.norm, d_model, dtype, rngs)
         hidden = model.mlp_ratio * d_model
         self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=kernel_init(model.init),
@@ -74,8 +76,8 @@ class LanguageModel(nnx.Module):
                       embedding_init=jax.nn.initializers.normal(0.02))
             if model.positions == "learned" else None
         )
-        self.blocks = nnx.List([Block(model, policies.get(spec), rngs=rngs)
-                                for spec in model.layer_policies])
+        self.blocks = nnx.List([Block(model, policies.get(spec), rngs=rngs, layer=layer)
+                                for layer, spec in enumerate(model.layer_policies)])
         # Post-norm blocks already end in a norm; a pre-norm stack needs one before the output.
         self.final_norm = (make_norm(model.norm, d_model, dtype, rngs)
                            if model.norm_position == "pre" else None)

@@ -30,6 +30,7 @@ import difflib
 import functools
 import importlib.metadata
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -44,9 +45,31 @@ PolicyFactory = Callable[[str | None], "ScalePolicy"]
 class ScaleContext:
     """What a policy may look at when it computes its multiplier."""
 
-    head_dim: int
+    head_dim: int  # d_k: the q/k per-head width (`model.qk_dim`, else `model.head_dim`)
     base_scale: jax.Array  # scalar, traced: the policy's plain number (`ScalePolicy.base_scale`)
     num_keys: jax.Array  # [q_len] float32: keys each query attends to (causal: position + 1)
+    positions: jax.Array | None = None  # [q_len] float32: each query's position, from 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """What a policy's plain number may depend on besides d_k (`ScalePolicy.base_scale`).
+
+    Without the model (a bare `attend` call) the head width d_model / num_heads is taken as d_k,
+    which it is unless `model.qk_dim` sets q/k apart, and the layer as the first (index 0).
+    """
+
+    head_dim: int  # d_k
+    d_model: int | None = None
+    num_heads: int | None = None
+    layer: int = 0  # the layer's index, from 0
+
+    @property
+    def head_width(self) -> float:
+        """d_model / num_heads (Gemma 2's `query_pre_attn_scalar`), or d_k without a model."""
+        if self.d_model is None or self.num_heads is None:
+            return float(self.head_dim)
+        return self.d_model / self.num_heads
 
 
 def _identity_qk(params: Params, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -59,6 +82,14 @@ def _no_params(rng: jax.Array, *, num_heads: int, head_dim: int, base_scale: flo
 
 def _use_base_scale(params: Params, ctx: ScaleContext) -> jax.Array:
     return ctx.base_scale
+
+
+def softmax_weights(params: Params, logits: jax.Array, mask: jax.Array | None,
+                    seq_len: int) -> jax.Array:
+    """softmax over the keys a query may see: the attention every policy uses unless it sets
+    `ScalePolicy.weights`. logits: [B, H, Tq, Tk]; mask: [Tq, Tk] bool (True = visible)."""
+    masked = logits if mask is None else jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    return jax.nn.softmax(masked, axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +117,39 @@ class ScalePolicy:
     # params -> {name: [heads] array}: the learned values worth logging (none for fixed policies).
     learned_values: Callable[[Params], dict[str, jax.Array]] | None = None
     spec: str = dataclasses.field(default="", compare=False)
+    # Dims -> the plain number, for policies whose number depends on more than d_k (the model's
+    # head width, the layer's index); when set it is used instead of `base_scale_fn`.
+    base_scale_dims: Callable[[Dims], float] | None = dataclasses.field(default=None,
+                                                                         compare=False)
+    # logits [B, H, Tq, Tk] -> logits, elementwise, after the scale (soft-capping). Not fusable.
+    transform_scaled: Callable[[jax.Array], jax.Array] | None = None
+    # (params, logits [B, H, Tq, Tk], mask, seq_len) -> weights on v: a policy that replaces the
+    # softmax (sigmoid attention, a sink). None: `softmax_weights`. Not fusable.
+    weights: Callable[[Params, jax.Array, jax.Array | None, int], jax.Array] | None = None
+    weights_sum_to_one: bool = True  # False where the weights over the real keys may not
+    # QK-clip's threshold T: after each optimiser step, heads whose largest logit exceeded T have
+    # their W_Q and W_K columns rescaled (`scale_ablation.model.qk_clip`). None: no clipping.
+    qk_clip: float | None = None
 
-    def base_scale(self, head_dim: int) -> float:
+    def base_scale(self, head_dim: int, *, d_model: int | None = None,
+                   num_heads: int | None = None, layer: int = 0) -> float:
+        """The policy's plain number at d_k = head_dim (and the model's width, the layer)."""
+        if self.base_scale_dims is not None:
+            return float(self.base_scale_dims(Dims(head_dim, d_model, num_heads, layer)))
         return float(self.base_scale_fn(head_dim))
+
+    def fused_unsupported(self) -> str | None:
+        """Why `jax.nn.dot_product_attention` cannot compute this policy, or None if it can
+        (its q/k transform and multiplier fold into q; nothing else reaches the kernel)."""
+        if self.transform_logits is not None:
+            return "it transforms the raw logits, which the fused kernel never exposes"
+        if self.transform_scaled is not None:
+            return "it transforms the scaled logits (soft-cap), which the fused kernel never exposes"
+        if self.weights is not None:
+            return "it replaces the softmax, which the fused kernel computes itself"
+        if self.qk_clip is not None:
+            return "QK-clip needs each head's largest logit, which the fused kernel never exposes"
+        return None
 
     def init(self, rng: jax.Array, *, num_heads: int, head_dim: int) -> Params:
         """The policy's trainable parameters as a pytree ({} for fixed policies)."""
@@ -103,10 +164,22 @@ def scalar(base_scale_fn: Callable[[int], float]) -> ScalePolicy:
     return ScalePolicy(base_scale_fn=base_scale_fn)
 
 
+def scalar_of_dims(base_scale_dims: Callable[[Dims], float]) -> ScalePolicy:
+    """A policy whose scale is the plain number `base_scale_dims(dims)`: like `scalar`, one
+    compiled program with every other scalar policy, for numbers that depend on the model's
+    head width or the layer's index as well as d_k."""
+    return ScalePolicy(base_scale_fn=lambda head_dim: base_scale_dims(Dims(head_dim)),
+                       base_scale_dims=base_scale_dims)
+
+
 # --------------------------------------------------------------------------- registry
 
 _REGISTRY: dict[str, PolicyFactory] = {}
 ENTRY_POINT_GROUP = "scale_ablation.policies"
+# Built-in policies outside this module, imported on the first lookup (they import this one).
+BUILTIN_MODULES = ("scale_ablation.model.policy_library", "scale_ablation.model.stabilisers")
+# `A+B` composes policies (`scale_ablation.model.compose`); a '+' inside a number (1e+3) does not.
+_COMPOSITION = re.compile(r"\+(?=[A-Za-z_])")
 _installed = {"loaded": False}  # entry points are imported once, on first lookup
 
 
@@ -136,6 +209,8 @@ def _load_installed() -> None:
     if _installed["loaded"]:
         return
     _installed["loaded"] = True  # set first: a plugin may itself look policies up on import
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             entry_point.load()
@@ -155,9 +230,16 @@ def available() -> list[str]:
 
 
 def get(spec: str) -> ScalePolicy:
-    """A policy from a spec string `name` or `name:arg` (e.g. `const:0.1`, `inv_dk:8`)."""
-    name, _, arg = str(spec).partition(":")
+    """A policy from a spec string `name` or `name:arg` (e.g. `const:0.1`, `inv_dk:8`), or a
+    composition `A+B` of such specs (`scale_ablation.model.compose`)."""
     _load_installed()
+    parts = _COMPOSITION.split(str(spec))
+    if len(parts) > 1:
+        from scale_ablation.model import compose  # imports this module
+
+        policy = functools.reduce(compose.compose, [get(part) for part in parts])
+        return dataclasses.replace(policy, spec=str(spec))
+    name, _, arg = str(spec).partition(":")
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, _REGISTRY, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -282,94 +364,3 @@ def learned_per_head(arg: str | None) -> ScalePolicy:
         None if arg is None else parse_number("learned_per_head", arg, default=None, expects=expects)
     )
     return _learned(per_head=True, init_value=init)
-
-
-# --------------------------------------------------------------------------- QK normalisation
-
-
-@functools.cache
-def _qk_norm(center: bool) -> ScalePolicy:
-    def init_fn(rng, *, num_heads, head_dim, base_scale):
-        return {"q_gain": jnp.ones((head_dim,), jnp.float32),
-                "k_gain": jnp.ones((head_dim,), jnp.float32)}
-
-    def normalise(x, gain):
-        x32 = x.astype(jnp.float32)
-        if center:
-            x32 = x32 - x32.mean(-1, keepdims=True)
-        x32 = x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-6)
-        return (x32 * gain).astype(x.dtype)
-
-    def transform_qk(params, q, k):
-        return normalise(q, params["q_gain"]), normalise(k, params["k_gain"])
-
-    return ScalePolicy(
-        base_scale_fn=lambda head_dim: 1.0 / math.sqrt(head_dim),
-        init_fn=init_fn,
-        transform_qk=transform_qk,
-    )
-
-
-@register("qk_layernorm")
-def qk_layernorm(arg: str | None) -> ScalePolicy:
-    """LayerNorm of q and k over head_dim with learnable gain, then 1/√d_k (Dehghani et al. 2023)."""
-    _no_arg("qk_layernorm", arg)
-    return _qk_norm(center=True)
-
-
-@register("qk_rmsnorm")
-def qk_rmsnorm(arg: str | None) -> ScalePolicy:
-    """RMSNorm of q and k over head_dim with learnable gain, then 1/√d_k (Wortsman et al. 2023)."""
-    _no_arg("qk_rmsnorm", arg)
-    return _qk_norm(center=False)
-
-
-# --------------------------------------------------------------------------- length-aware
-
-
-@register("log_length")
-def log_length(arg: str | None) -> ScalePolicy:
-    """s·ln(n)/√d_k with n the keys a query sees and s learnable per head (Nakanishi 2025)."""
-    return _log_length(parse_number("log_length", arg, default=1.0, expects="a positive initial s"))
-
-
-@functools.cache
-def _log_length(s_init: float) -> ScalePolicy:
-    def init_fn(rng, *, num_heads, head_dim, base_scale):
-        return {"log_length_s": jnp.full((num_heads,), s_init, jnp.float32)}
-
-    def scale(params, ctx):
-        # [q_len, 1] * [heads] -> [q_len, heads]
-        return jnp.log(ctx.num_keys)[:, None] * params["log_length_s"] * ctx.base_scale
-
-    return ScalePolicy(
-        base_scale_fn=lambda head_dim: 1.0 / math.sqrt(head_dim),
-        scale=scale,
-        init_fn=init_fn,
-        learned_values=lambda params: {"log_length_s": params["log_length_s"]},
-    )
-
-
-# --------------------------------------------------------------------------- pitfall 2
-
-
-def _layernorm_over_keys(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
-    """Normalise each query's row of raw logits over the keys it can see."""
-    if mask is None:
-        mean = logits.mean(-1, keepdims=True)
-        var = ((logits - mean) ** 2).mean(-1, keepdims=True)
-    else:
-        count = mask.sum(-1, keepdims=True)
-        mean = jnp.where(mask, logits, 0).sum(-1, keepdims=True) / count
-        var = jnp.where(mask, (logits - mean) ** 2, 0).sum(-1, keepdims=True) / count
-    return (logits - mean) * jax.lax.rsqrt(var + 1e-5)
-
-
-@register("logit_layernorm")
-def logit_layernorm(arg: str | None) -> ScalePolicy:
-    """LayerNorm over the key axis of q·k, then 1/√d_k: the article's pitfall 2, kept to measure."""
-    _no_arg("logit_layernorm", arg)
-    return ScalePolicy(
-        base_scale_fn=lambda head_dim: 1.0 / math.sqrt(head_dim),
-        transform_logits=_layernorm_over_keys,
-    )

@@ -44,6 +44,12 @@ class ModelConfig:
     init_gain: float = 1.0
     logits_dtype: str = "float32"
     attention_dropout: float = 0.0
+    # q/k per-head width (d_k); 0 = head_dim. head_dim stays the value/output width per head.
+    qk_dim: int = 0
+    # The precision switches apart ("float32" | "activation"); "" = as `logits_dtype`, the one
+    # switch of configs before them, which therefore still means both.
+    qk_product_dtype: str = ""
+    softmax_dtype: str = ""
     attention_impl: str = "reference"
     dtype: str = "float32"
     vocab_size: int = 256
@@ -53,11 +59,16 @@ class ModelConfig:
             raise ConfigError("model.head_dim, num_heads, d_model and num_layers must be "
                               f"positive, got {self.head_dim}, {self.num_heads}, {self.d_model}, "
                               f"{self.num_layers}")
-        if self.positions == "rotary" and self.head_dim % 2:
-            raise ConfigError(f"model.positions=rotary needs an even model.head_dim, "
-                              f"got {self.head_dim}")
+        if not isinstance(self.qk_dim, int) or self.qk_dim < 0:
+            raise ConfigError(f"model.qk_dim must be 0 (= model.head_dim) or a positive width, "
+                              f"got {self.qk_dim!r}")
+        if self.positions == "rotary" and self.qk_width % 2:
+            raise ConfigError(f"model.positions=rotary needs an even q/k width (model.qk_dim, "
+                              f"else model.head_dim), got {self.qk_width}")
         choice("train.dtype", self.dtype, tuple(DTYPES))
         choice("model.logits_dtype", self.logits_dtype, ("float32", "activation"))
+        for field in ("qk_product_dtype", "softmax_dtype"):
+            choice(f"model.{field}", getattr(self, field), ("", "float32", "activation"))
         choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
         choice("model.norm_position", self.norm_position, ("pre", "post"))
         choice("model.positions", self.positions, ("learned", "rotary"))
@@ -66,16 +77,19 @@ class ModelConfig:
         if len(self.layer_policies) != self.num_layers:
             raise ConfigError(f"{len(self.layer_policies)} layer policies for "
                               f"model.num_layers={self.num_layers}")
-        for spec in self.layer_policies:
+        for layer, spec in enumerate(self.layer_policies):
             policy = policies.get(spec)  # ValueError naming the policy
             try:
-                scale = policy.base_scale(self.head_dim)
+                scale = self.base_scale(policy, layer)
             except (ArithmeticError, ValueError) as error:  # e.g. 1/ln(d_k) at d_k = 1
-                raise ConfigError(f"policy {spec!r} has no scale at model.head_dim="
-                                  f"{self.head_dim}: {error}") from None
+                raise ConfigError(f"policy {spec!r} has no scale at d_k={self.qk_width}: "
+                                  f"{error}") from None
             if scale is not None and not math.isfinite(float(scale)):
-                raise ConfigError(f"policy {spec!r} gives scale {scale} at model.head_dim="
-                                  f"{self.head_dim}")
+                raise ConfigError(f"policy {spec!r} gives scale {scale} at d_k={self.qk_width}")
+            reason = policy.fused_unsupported()
+            if self.attention_impl == "fused" and reason:
+                raise ConfigError(f"model.attention_impl=fused cannot compute policy {spec!r}: "
+                                  f"{reason}; use model.attention_impl=reference")
 
     @property
     def compute_dtype(self) -> Any:
@@ -85,3 +99,28 @@ class ModelConfig:
     def attention_logits_dtype(self) -> Any:
         """float32, or None: the activations' own dtype (the article's pitfall 3)."""
         return jnp.float32 if self.logits_dtype == "float32" else None
+
+    @property
+    def qk_width(self) -> int:
+        """d_k: the q/k width per head (`qk_dim`, or `head_dim` when it is 0)."""
+        return self.qk_dim or self.head_dim
+
+    @property
+    def attention_precision(self) -> dict[str, Any]:
+        """`attention.attend`'s two precision keywords: float32, or None for the activations'
+        dtype; each switch left "" follows `logits_dtype`."""
+        def dtype(switch: str) -> Any:
+            return jnp.float32 if (switch or self.logits_dtype) == "float32" else None
+
+        return {"qk_product_dtype": dtype(self.qk_product_dtype),
+                "softmax_dtype": dtype(self.softmax_dtype)}
+
+    def base_scale(self, policy: policies.ScalePolicy, layer: int) -> float:
+        """`policy`'s plain number in layer `layer` of this model (d_k = `qk_width`)."""
+        return policy.base_scale(self.qk_width, d_model=self.d_model, num_heads=self.num_heads,
+                                 layer=layer)
+
+    def base_scales(self) -> tuple[float, ...]:
+        """Each layer's plain number, in layer order."""
+        return tuple(self.base_scale(policies.get(spec), layer)
+                     for layer, spec in enumerate(self.layer_policies))

@@ -9,6 +9,7 @@ per setting from the experiment file to the attention layer.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import jax
@@ -47,7 +48,8 @@ def layer_policy_specs(config: ml_collections.ConfigDict) -> list[str]:
     """One policy spec per layer: `layer_policies` (comma-separated) if set, else `policy`."""
     num_layers = config.model.num_layers
     if config.get("layer_policies"):
-        specs = [s.strip() for s in config.layer_policies.split(",")]
+        # A comma before a digit is inside a spec's argument (`temperature:8192,0.1`).
+        specs = [s.strip() for s in re.split(r",(?=\s*[A-Za-z_])", config.layer_policies)]
         if len(specs) != num_layers:
             raise ConfigError(
                 f"layer_policies lists {len(specs)} policies for model.num_layers={num_layers}"

@@ -67,8 +67,7 @@ def init_state(config: ml_collections.ConfigDict, tx=None) -> tuple[Any, TrainSt
     model = run_config.model_config(config)
     settings = None if tx is not None else OptimizerSettings.of(config)
     program = _init_program(_init_key(model), model, settings)
-    base_scales = np.asarray([policies.get(spec).base_scale(model.head_dim)
-                              for spec in model.layer_policies], np.float32)  # (layers,)
+    base_scales = np.asarray(model.base_scales(), np.float32)  # (layers,)
     state = program(jnp.asarray(config.train.seed, jnp.int32),
                     jnp.asarray(config.train.lr, jnp.float32), base_scales)
     if tx is not None:

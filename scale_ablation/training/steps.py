@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from scale_ablation.model import diagnostics
+from scale_ablation.model import diagnostics, qk_clip
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
 TrainState = dict[str, Any]  # {"params", "rest", "opt_state", "step", "lr"}
@@ -44,14 +44,19 @@ def cross_entropy(logits, targets, weights, z_loss: float):
     return loss, loss + z_loss * ((log_z**2) * weights).sum() / total_weight
 
 
-def make_loss(graphdef, z_loss: float) -> Callable:
+def make_loss(graphdef, z_loss: float, *, with_rest: bool = False) -> Callable:
     """(params, state, batch, dropout_key) -> (loss with z-loss, loss): what a train step
-    differentiates with respect to `params` (`scale_ablation.nonfinite` replays it)."""
+    differentiates with respect to `params` (`scale_ablation.nonfinite` replays it).
+    with_rest: the aux is (loss, each QK-clip layer's largest logit per head in this forward
+    pass), for `model.qk_clip.after_step`."""
 
     def loss_fn(params, state: TrainState, batch: dict, dropout_key):
         model = nnx.merge(graphdef, params, state["rest"])
         logits, _ = model(batch["inputs"], dropout_key=dropout_key)
-        return cross_entropy(logits, batch["targets"], batch["weights"], z_loss)[::-1]
+        loss, with_z = cross_entropy(logits, batch["targets"], batch["weights"], z_loss)
+        if with_rest:
+            return with_z, (loss, qk_clip.step_maxima(model))
+        return with_z, loss
 
     return loss_fn
 
@@ -60,17 +65,22 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
     """(state, batch, dropout_key) -> (state, metrics), pure. A non-finite loss or gradient
     leaves the state untouched, so a diverged run (or ensemble member) keeps its last good
     parameters and its neighbours in a vmapped ensemble are unaffected."""
-    loss_fn = make_loss(graphdef, z_loss)
-
     def train_step(state: TrainState, batch: dict, dropout_key):
-        (_, loss), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        clips = qk_clip.applies(graphdef, state["params"], state["rest"])  # trace-time
+        loss_fn = make_loss(graphdef, z_loss, with_rest=clips)
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state["params"], state, batch, dropout_key)
+        loss, maxima = aux if clips else (aux, None)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         updates = jax.tree.map(lambda u: u * state["lr"], updates)
         params = optax.apply_updates(state["params"], updates)
+        rest = state["rest"]
+        if clips:  # MuonClip: W_Q, W_K of heads whose largest logit exceeded T, after the update
+            params, rest = qk_clip.after_step(graphdef, params, rest, maxima)
         grad_norm = optax.global_norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new_state = {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}
+        new_state = {**state, "params": params, "rest": rest, "opt_state": opt_state,
+                     "step": state["step"] + 1}
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
         metrics = {
             "train/loss": loss,

@@ -1,0 +1,61 @@
+"""QK-clip (MuonClip, Kimi K2 2025; MaxText's `use_qk_clip`): after each optimiser step, every
+head whose largest logit in that step's forward pass exceeded T has its W_Q and W_K columns (and
+biases) multiplied by √(T / max) each, so that logit, recomputed with the new weights, is T.
+
+The largest logit per head comes from the forward pass the step already makes: each clipping
+layer sows it (the dense path's logits, reduced over batch, queries and visible keys; no extra
+pass), the step's loss returns it (`step_maxima`) and the step calls `after_step` inside the
+same jitted program, which rescales and keeps the maxima in each layer's `attention.MaxLogit`
+state for logging. q = x·W_Q + b_Q and k likewise are
+linear in their weights and rotary positions are a rotation, so scaling both by √γ scales every
+logit of the head by γ = T / max; heads at or below T are left alone (factor 1). The factor is
+applied after the update, to the updated weights (MuonClip's order).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def clipping_layers(model: nnx.Module) -> list[nnx.Module]:
+    """The attention layers of `model` whose policy clips (they hold a `max_logit`)."""
+    return [module for _, module in nnx.iter_modules(model)
+            if getattr(getattr(module, "policy", None), "qk_clip", None) is not None
+            and hasattr(module, "max_logit")]
+
+
+def applies(graphdef: Any, params: Any, rest: Any) -> bool:
+    """Whether the model of (graphdef, params, rest) has a clipping layer (trace-time)."""
+    return bool(clipping_layers(nnx.merge(graphdef, params, rest)))
+
+
+def factors(max_logit: jax.Array, threshold: float) -> jax.Array:
+    """[H] factor on each of W_Q and W_K: √(T / max) where max > T, else 1."""
+    safe = jnp.maximum(max_logit, threshold)  # also keeps T / max finite and positive
+    return jnp.where(max_logit > threshold, jnp.sqrt(threshold / safe), 1.0)
+
+
+def step_maxima(model: nnx.Module) -> list[jax.Array]:
+    """Each clipping layer's largest logit per head ([H]) from the forward pass `model` just
+    made, in `clipping_layers` order."""
+    return [layer.step_max_logit.get_value()[-1] for layer in clipping_layers(model)]
+
+
+def after_step(graphdef: Any, params: Any, rest: Any, maxima: list[jax.Array]) -> tuple:
+    """(params, rest) after the optimiser step: each clipping layer's W_Q, W_K columns (and
+    biases) rescaled from its `maxima` entry, which `rest` records. Pure: new nnx.States."""
+    model = nnx.merge(graphdef, params, rest, copy=True)  # copies: mutable in this trace
+    for layer, max_logit in zip(clipping_layers(model), maxima, strict=True):
+        layer.max_logit.set_value(max_logit)
+        factor = factors(max_logit, layer.policy.qk_clip)
+        per_column = jnp.repeat(factor, layer.qk_dim)  # [H] -> [H·D_qk], head-major as q's split
+        for projection in (layer.query, layer.key):
+            projection.kernel.set_value(projection.kernel.get_value() * per_column)
+            if projection.bias is not None:
+                projection.bias.set_value(projection.bias.get_value() * per_column)
+    _, params, rest = nnx.split(model, nnx.Param, ...)
+    return params, rest
