@@ -62,7 +62,10 @@ fi
 
 # The report is worth having even when some runs failed, so it runs here rather than inside the
 # sweep (which writes one only when every run finished); the exit status stays the sweep's.
+# A refused sweep (exit 2: bad input, a directory in use) ran nothing: no report, its one line
+# is the whole answer.
 status=0
 run "$python" -m scale_ablation.sweep --config="$spec" --workdir="$workdir" --noreport ${sweep_args[@]+"${sweep_args[@]}"} || status=$?
+((status == 2)) && exit 2
 run "$python" -m scale_ablation.report ${report_args[@]+"${report_args[@]}"} "$workdir"
 exit "$status"

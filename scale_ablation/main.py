@@ -24,6 +24,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints
 from scale_ablation.records.checkpoints import CheckpointError
+from scale_ablation.records.run_files import FINISHED
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import hooks, runs, runtime
 from scale_ablation.training.train import train
@@ -106,6 +107,7 @@ def main(argv: list[str]) -> int:
 def _train(config, extra_hooks) -> int:
     """The run, with each way it can end turned into one line and an exit code."""
     try:
+        before = runs.read_summary(_WORKDIR.value)
         summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks, extend=_EXTEND.value)
     except OSError as error:
         if error.errno != errno.ENOSPC:
@@ -129,9 +131,23 @@ def _train(config, extra_hooks) -> int:
         # At interpreter exit JAX would wait out the shutdown barrier for the dead peer, then
         # abort with pages of C++ logs: summary.json already says `failed`, so leave now.
         os._exit(1)
-    print(f"{summary['status']}: {_WORKDIR.value} after {summary['steps_completed']} steps, "
-          f"final val bpb {summary.get('final_val_bpb')}", flush=True)
+    print(result_line(summary, _WORKDIR.value, before), flush=True)
     return EXIT_CODES[summary["status"]]
+
+
+def result_line(summary: dict, workdir: str, before: dict | None = None) -> str:
+    """The run's closing line: its status, steps and final validation bits per byte to 4
+    significant digits; "already finished" when `summary` is the `before` training's (a rerun
+    of a finished run, which trains nothing)."""
+    bpb = summary.get("final_val_bpb")
+    final = f"final val {bpb:.4g} bits per byte" if isinstance(bpb, (int, float)) else (
+        "no final validation")
+    line = f"{summary['status']}: {workdir} after {summary['steps_completed']} steps, {final}"
+    if before is not None and before.get("status") in FINISHED and summary == {
+            **summary, **before}:
+        return (f"already finished, nothing trained ({line}); --extend with a larger "
+                "train.steps continues it")
+    return line
 
 
 def _run_probe(module, config) -> int:
@@ -148,8 +164,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing, with bad flags reported like other bad input: one line, exit 2.
 
     absl itself prints two lines and exits 1; ml_collections raises AttributeError or KeyError,
-    with a traceback, for an override of a field the config lacks.
+    with a traceback, for an override of a field the config lacks. The experiment file is
+    loaded first, here: config_flags lets its import errors and get_config's escape raw.
     """
+    _check_experiment_file(argv)
     try:
         return flags.FLAGS(argv)
     except flags.Error as error:
@@ -178,6 +196,20 @@ def parse_flags(argv: list[str]) -> list[str]:
         message = f"cannot load the experiment file: {str(error).strip().splitlines()[-1].strip()}"
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+def _check_experiment_file(argv: list[str]) -> None:
+    """One line and exit 2 for an experiment file that fails to import, or whose get_config
+    raises or returns no ConfigDict (`experiment_files.load_config`)."""
+    specs = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
+    if not specs:
+        return
+    runtime.make_experiments_importable(specs[-1])
+    try:
+        experiment.load_config(specs[-1])
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from absl import app, flags, logging
 
 from scale_ablation import report
 from scale_ablation.errors import ConfigError
-from scale_ablation.model import plugins
+from scale_ablation.model import plugins, policies
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED, RunFiles
 from scale_ablation.training import ensemble, hooks, runs, runtime
@@ -99,6 +99,18 @@ def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> lis
             raise ValueError(f"grid point {name}: {error}") from None
         points.append(Point(name, dict(overrides), config))
     return points
+
+
+def check_added_policies(specs: tuple[str, ...], imports: tuple[str, ...]) -> None:
+    """Raise ValueError naming the first `--add_policies` spec that is no policy; without
+    `--imports`, say that a policy of one's own is registered by importing its module."""
+    for spec in specs:
+        try:
+            policies.get(spec)
+        except ValueError as error:
+            hint = "" if imports else (" A policy of your own is registered by its file or "
+                                       "module: add --imports=my_policy.py (or a module name).")
+            raise ValueError(f"--add_policies={spec}: {error}.{hint}".replace("..", ".")) from None
 
 
 def run_status(sweep_dir: str, point: Point) -> str:
@@ -398,6 +410,7 @@ def main(argv: list[str]) -> int:
     try:
         plugins.load(imports)
         runs.check_workdir(sweep_dir)
+        check_added_policies(tuple(_ADD_POLICIES.value), imports)
         points = expand(_CONFIG.value, sweep_dir, tuple(_ADD_POLICIES.value))
         statuses = {p.name: run_status(sweep_dir, p) for p in points}
         check_finished_runs(sweep_dir, points, statuses, _EXTEND.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import traceback
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -26,7 +27,14 @@ def load_module(spec: str) -> tuple[types.ModuleType, str | None]:
         raise ValueError(f"experiment file not found: {path}")
     module_spec = importlib.util.spec_from_file_location(f"experiment_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise ValueError(f"experiment file {path}:{error.lineno}: syntax error: "
+                         f"{error.msg}") from None
+    except Exception as error:  # bad input, not a bug of ours: one line, with its place
+        raise ValueError(f"experiment file {path} failed to import: "
+                         f"{_described(error, file)}") from None
     if not hasattr(module, "get_config"):
         raise ValueError(f"experiment file {path} defines no get_config(arg)")
     return module, (arg or None)
@@ -49,9 +57,34 @@ def is_probe(module: types.ModuleType) -> bool:
     return kind == "probe"
 
 
+def _described(error: Exception, file: pathlib.Path) -> str:
+    """'TYPE: message (at FILE:LINE)', the line being the innermost one in `file`."""
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
+              if pathlib.Path(frame.filename).resolve() == file.resolve()]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    text = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {text}{where}"
+
+
+def _call(module: types.ModuleType, name: str, arg: str | None) -> Any:
+    """`module.name(arg)`, with any error but a ValueError (the experiments' way of refusing a
+    variant, already one line) as a ValueError naming the file, the call and the line."""
+    try:
+        return getattr(module, name)(arg)
+    except ValueError:
+        raise
+    except Exception as error:
+        raise ValueError(f"experiment file {module.__file__}: {name}({arg!r}) raised "
+                         f"{_described(error, pathlib.Path(module.__file__))}") from None
+
+
 def load_config(spec: str) -> ml_collections.ConfigDict:
     module, arg = load_module(spec)
-    return module.get_config(arg)
+    config = _call(module, "get_config", arg)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ValueError(f"experiment file {module.__file__}: get_config({arg!r}) must return "
+                         f"an ml_collections.ConfigDict, got {type(config).__name__}")
+    return config
 
 
 def load_grid(spec: str, add_policies: Sequence[str] = ()) -> list[Overrides]:
@@ -59,8 +92,15 @@ def load_grid(spec: str, add_policies: Sequence[str] = ()) -> list[Overrides]:
 
     `add_policies`: extra policy specs, see `with_policies`."""
     module, arg = load_module(spec)
-    grid = list(module.sweep(arg)) if hasattr(module, "sweep") else [{}]
-    return with_policies(grid, add_policies)
+    grid = _call(module, "sweep", arg) if hasattr(module, "sweep") else [{}]
+    if not isinstance(grid, (list, tuple)):
+        raise ValueError(f"experiment file {module.__file__}: sweep({arg!r}) must return a "
+                         f"list of dicts (one per run), got {type(grid).__name__}")
+    for index, point in enumerate(grid):
+        if not isinstance(point, dict):
+            raise ValueError(f"experiment file {module.__file__}: sweep({arg!r})[{index}] must "
+                             f"be a dict of dotted field -> value, got {point!r:.60}")
+    return with_policies(list(grid), add_policies)
 
 
 def with_policies(grid: list[Overrides], specs: Sequence[str]) -> list[Overrides]:

@@ -189,9 +189,27 @@ def finished_summary(config: ml_collections.ConfigDict, workdir: str | os.PathLi
     return None
 
 
+# Kernel filesystems: writes there fail, or do something other than store a file.
+VIRTUAL_FILESYSTEMS = ("/proc", "/sys", "/dev")
+
+
 def check_workdir(workdir: str | os.PathLike) -> None:
+    """Raise ConfigError, creating nothing, unless `workdir` is a directory or could be made
+    one: its nearest existing ancestor a writable directory outside `VIRTUAL_FILESYSTEMS`."""
+    workdir = os.fspath(workdir)
     if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise ConfigError(f"--workdir {os.fspath(workdir)} is a file, not a directory")
+        raise ConfigError(f"--workdir {workdir} is a file, not a directory")
+    real = os.path.realpath(workdir)
+    if any(real == top or real.startswith(top + os.sep) for top in VIRTUAL_FILESYSTEMS):
+        raise ConfigError(f"--workdir {workdir} is on a kernel filesystem ({real}), which "
+                          "cannot hold run files: use a directory on a disk")
+    ancestor = real
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ConfigError(f"--workdir {workdir} is under {ancestor}, a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"--workdir {workdir}: {ancestor} is not writable")
 
 
 def read_summary(workdir: str | os.PathLike) -> dict | None:

@@ -1,0 +1,169 @@
+"""Bad input a user hits (issues 32 and 34): one line, exit 2, nothing created; and the
+console lines a rerun and a sweep print.
+
+Work directories that cannot hold a run (under /proc, /sys or a regular file), experiment files
+that fail to import or return the wrong shape, `--add_policies` without the module that
+registers the policy, a refused sweep under launch/local.sh, a rerun of a finished run.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import subprocess
+import textwrap
+
+import pytest
+from helpers import QUICK, REPO, read_json, snapshot, tiny_config
+from test_integrity import main_args, one_error_line, run_module
+
+from scale_ablation import sweep
+from scale_ablation.training import hooks
+from scale_ablation.training.progress import Progress
+
+# ------------------------------------------------ work directories that cannot hold a run
+
+
+WORKDIRS = {
+    "under /proc": lambda tmp: pathlib.Path("/proc") / f"scale_ablation_test_{os.getpid()}",
+    "under /sys": lambda tmp: pathlib.Path("/sys") / "scale_ablation_test",
+    "under a regular file": lambda tmp: tmp / "a_file" / "run",
+}
+
+
+@pytest.mark.parametrize("command", ["main", "sweep"])
+@pytest.mark.parametrize("case", list(WORKDIRS))
+def test_a_workdir_that_cannot_be_one_is_one_line_and_creates_nothing(tmp_path, case, command):
+    (tmp_path / "a_file").write_text("not a directory")
+    workdir = WORKDIRS[case](tmp_path)
+    before = snapshot(tmp_path)
+    args = main_args(workdir) if command == "main" else [f"--config={QUICK}",
+                                                         f"--workdir={workdir}", "--dry_run"]
+    line = one_error_line(run_module(command, *args))
+    assert f"--workdir {workdir}" in line
+    assert snapshot(tmp_path) == before  # no .jax_cache beside it either
+    assert not workdir.exists()
+
+
+# ------------------------------------------------ experiment files
+
+
+BAD_FILES = {
+    "a syntax error": ("def get_config(arg=None:\n    pass\n", ["syntax error", ":1"]),
+    "get_config raises": ("def get_config(arg=None):\n    raise RuntimeError('boom')\n",
+                          ["get_config(None) raised RuntimeError: boom", ".py:2)"]),
+    "an import that fails": ("import no_such_module_anywhere\n", ["failed to import",
+                                                                   "no_such_module_anywhere"]),
+    "get_config returns a dict": ("def get_config(arg=None):\n    return {}\n",
+                                  ["must return an ml_collections.ConfigDict, got dict"]),
+}
+BAD_GRIDS = {"an int": ("3", "got int"), "a dict": ('{"train.seed": 1}', "got dict"),
+             "a non-dict point": ("[1, 2]", "sweep(None)[0] must be a dict")}
+
+
+@pytest.mark.parametrize("command", ["main", "sweep"])
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_broken_experiment_file_is_one_line(tmp_path, case, command):
+    source, expected = BAD_FILES[case]
+    experiment_file = tmp_path / "broken.py"
+    experiment_file.write_text(source)
+    before = snapshot(tmp_path)
+    line = one_error_line(run_module(command, f"--config={experiment_file}",
+                                     f"--workdir={tmp_path / 'run'}"))
+    assert all(text in line for text in expected), line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", list(BAD_GRIDS))
+def test_a_sweep_of_the_wrong_shape_is_one_line(tmp_path, case):
+    grid, expected = BAD_GRIDS[case]
+    experiment_file = tmp_path / "grid.py"
+    experiment_file.write_text(textwrap.dedent(f'''
+        from experiments import base
+
+        def get_config(arg=None):
+            return base.get_config("quick")
+
+        def sweep(arg=None):
+            return {grid}
+    '''))
+    line = one_error_line(run_module("sweep", f"--config={experiment_file}",
+                                     f"--workdir={tmp_path / 'sweep'}"))
+    assert expected in line
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_add_policies_without_imports_says_to_import_the_policy(tmp_path):
+    args = [f"--config={QUICK}", f"--workdir={tmp_path / 'sweep'}", "--dry_run",
+            "--add_policies=my_policy"]
+    line = one_error_line(run_module("sweep", *args))
+    assert "--add_policies=my_policy" in line and "--imports=" in line
+    policy = tmp_path / "my_policy.py"
+    policy.write_text("")  # imports, registers nothing: the hint has been followed
+    line = one_error_line(run_module("sweep", *args, f"--imports={policy}"))
+    assert "unknown scale policy 'my_policy'" in line and "add --imports" not in line
+
+
+# ------------------------------------------------ launch/local.sh after a refused sweep
+
+
+def test_local_sh_stops_after_a_refused_sweep(tmp_path):
+    """A stand-in venv whose python logs each module it is asked to run: the sweep refuses
+    (exit 2), and local.sh must then not run the report."""
+    venv, calls = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(textwrap.dedent(f'''\
+        #!/usr/bin/env bash
+        case "$*" in
+          *scale_ablation.sweep*) echo sweep >> {calls}; echo "error: refused" >&2; exit 2 ;;
+          *scale_ablation.report*) echo report >> {calls}; exit 0 ;;
+        esac
+        exit 0
+    '''))
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    (venv / ".scale_ablation-installed").touch()
+    os.utime(venv / ".scale_ablation-installed",
+             (2**31 - 1, 2**31 - 1))  # newer than pyproject.toml: no install
+    result = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), "experiments/base.py:quick",
+                             str(tmp_path / "sweep")], env={**os.environ, "VENV": str(venv)},
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert calls.read_text().split() == ["sweep"]
+    assert result.stderr.strip().splitlines() == ["error: refused"]
+
+
+# ------------------------------------------------ what a rerun and a sweep say
+
+
+def test_a_rerun_of_a_finished_run_says_already_finished_in_4_digits(tmp_path):
+    first = run_module("main", *main_args(tmp_path / "run"))
+    assert first.returncode == 0, first.stderr
+    last = first.stdout.strip().splitlines()[-1]
+    bpb = read_json(tmp_path / "run" / "summary.json")["final_val_bpb"]
+    assert last.endswith(f"final val {bpb:.4g} bits per byte") and "already" not in last
+    rerun = run_module("main", *main_args(tmp_path / "run"))
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun.stdout.strip().startswith("already finished, nothing trained (completed:")
+
+
+def test_the_sweep_file_records_each_run_as_it_completes(tmp_path):
+    """While the second run trains, sweep.json already says the first completed (a sweep
+    killed then would otherwise say `pending` for it)."""
+    sweep_dir = tmp_path / "sweep"
+    points = [sweep.Point(f"seed={seed}", {"train.seed": seed},
+                          tiny_config(**{"train.seed": seed})) for seed in (0, 1)]
+    sweep_file = sweep.SweepFile(str(sweep_dir), QUICK, points, ())
+    sweep_file.write()
+    seen = {}
+
+    def look(member, tick):
+        if member.run.workdir.endswith("seed=1") and tick.step == 3:
+            seen.update((r["name"], r["status"]) for r in read_json(sweep_dir / "sweep.json")["runs"])
+
+    sweep.run_in_process(str(sweep_dir), points, Progress(2, 0),
+                         sweep.RecordedOutcomes(sweep_file), together=False,
+                         extra_hooks=[hooks.Periodic(1, look)], compile_ahead=False)
+    assert seen == {"seed=0": "completed", "seed=1": "pending"}
+    assert {r["status"] for r in read_json(sweep_dir / "sweep.json")["runs"]} == {"completed"}
