@@ -7,13 +7,14 @@ Times the attention core alone (q, k, v already projected; the inv_sqrt_dk scale
   dense      one masked [T, T] softmax (`attend(..., return_internals=True)`'s computation)
   reference  `attend(implementation="reference")` as it is (query blocks of
              attention.CAUSAL_BLOCK when the length allows, else dense)
-  blocked:N/G `blocked_attention` with key and query blocks of N, G (batch, head) pairs at a time
-             (online softmax, custom VJP)
+  blocked    `blocked_attention` as "blocked" and "auto" run it (online softmax, custom VJP;
+             blocks of `default_block_size(T)`, groups of GROUP_SIZE (batch, head) pairs)
+  blocked:N/G the same with blocks of N and groups of G
 Within one length the implementations are timed alternately, one call each per round, and each
 reports the median over the rounds, so that load from other processes falls on all of them alike;
 /proc/loadavg before and after is recorded, because the cores here are shared and a loaded
-machine moves every number. `crossover_seq` is the first length at which the fastest blocked
-size beats the faster of dense and reference (attention_impl="auto" uses that rule).
+machine moves every number. `crossover_seq[versus]` is the first length from which the default
+blocked path ("blocked") beats `versus` (dense, reference) at it and at every longer length.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from absl import app, flags
 from scale_ablation.model import attention, blocked_attention, policies
 
 _SEQS = flags.DEFINE_list("seqs", ["128", "256", "512", "1024"], "Sequence lengths.")
-_BLOCKS = flags.DEFINE_list("blocks", ["64", "128"], "Block sizes of the blocked path.")
-_GROUPS = flags.DEFINE_list("groups", ["1", "4"], "(batch, head) pairs per group, blocked path.")
+_BLOCKS = flags.DEFINE_list("blocks", [], "Other block sizes of the blocked path to time.")
+_GROUPS = flags.DEFINE_list("groups", ["4"], "(batch, head) pairs per group, with --blocks.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Timed calls per implementation and length.")
 _BATCH = flags.DEFINE_integer("batch", 16, "Batch size.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -66,7 +67,8 @@ def implementations(blocks: list[int], groups: list[int]) -> dict:
                                                        group_size=group)
         return run
 
-    impls = {"dense": dense, "reference": reference}
+    impls = {"dense": dense, "reference": reference,
+             "blocked": blocked(None, blocked_attention.GROUP_SIZE)}  # what "auto" runs
     impls.update({f"blocked:{block}/{group}": blocked(block, group)
                   for block in blocks for group in groups})
     return impls
@@ -98,13 +100,12 @@ def measure(seq: int, impls: dict, rounds: int, batch: int) -> dict:
                    "first_call_s": compile_s[name]} for name, t in times.items()}
 
 
-def crossover(results: dict[int, dict]) -> int | None:
-    """The first length from which on the best blocked size beats dense and reference."""
+def crossover(results: dict[int, dict], versus: str) -> int | None:
+    """The first length from which on the default blocked path beats `versus` (median times)."""
     answer = None
     for seq in sorted(results, reverse=True):
         row = results[seq]
-        blocked = min(t["median_ms"] for name, t in row.items() if name.startswith("blocked"))
-        if blocked >= min(row["dense"]["median_ms"], row["reference"]["median_ms"]):
+        if row["blocked"]["median_ms"] >= row[versus]["median_ms"]:
             break
         answer = seq
     return answer
@@ -127,9 +128,10 @@ def main(argv) -> int:
                    f"{jax.devices()[0].platform} device(s), jax {jax.__version__}",
         "loadavg_before": load_before, "loadavg_after": _loadavg(),
         "wall_s": time.perf_counter() - start,
-        "results_ms": results, "crossover_seq": crossover(results),
+        "results_ms": results,
+        "crossover_seq": {versus: crossover(results, versus) for versus in ("dense", "reference")},
     }
-    print(f"crossover: blocked faster from seq {summary['crossover_seq']} on; "
+    print(f"blocked faster from seq (None: at no length) {summary['crossover_seq']} on; "
           f"load {load_before} -> {summary['loadavg_after']}")
     if _OUT.value:
         with open(_OUT.value, "w") as f:

@@ -15,9 +15,8 @@ from scale_ablation.model import attention, blocked_attention, policies
 from scale_ablation.model.lm import build_model
 from scale_ablation.model.spec import ModelConfig
 
-# Policies that need an argument, with one; a newly registered one that needs an argument and is
-# missing here fails `test_every_policy_matches_the_dense_path` rather than going untested.
-POLICY_ARGS = {"const": "0.3", "gain_aware": "2", "yarn": "4"}
+# Policies that need an argument get one (a positive number every built-in one accepts).
+POLICY_ARG = "2"
 HEADS, HEAD_DIM = 2, 8
 
 
@@ -70,8 +69,17 @@ def test_forward_and_gradients_equal_dense_at_lengths_and_blocks(seq, block):
 
 
 def registered_specs() -> list[str]:
-    return [name if name not in POLICY_ARGS else f"{name}:{POLICY_ARGS[name]}"
-            for name in policies.available()]
+    """Every registered policy, with `POLICY_ARG` where it needs an argument."""
+    specs = []
+    for name in policies.available():
+        try:
+            policies.get(name)
+            specs.append(name)
+        except ValueError as error:
+            if "needs an argument" not in str(error):
+                raise
+            specs.append(f"{name}:{POLICY_ARG}")
+    return specs
 
 
 @pytest.mark.parametrize("spec", registered_specs())
@@ -79,7 +87,7 @@ def test_every_policy_matches_the_dense_path(spec):
     """Through `attend`: a policy the blocked path can take gives the dense path's output and
     gradients (q, k, v and its own learned parameters); one it cannot keeps the dense path."""
     policy = policies.get(spec)
-    seq = blocked_attention.BLOCK_SIZE + 37  # two blocks, the second short
+    seq = blocked_attention.SMALL_BLOCK + 37  # two blocks, the second short
     q, k, v = qkv(3, seq, batch=1)
     params = jax.tree.map(lambda p: p * 1.3, policy.init(jax.random.key(1), num_heads=HEADS,
                                                           head_dim=HEAD_DIM))
@@ -170,14 +178,16 @@ def test_auto_takes_the_blocked_path_from_the_measured_length_on():
 
 @pytest.mark.parametrize("impl", ["blocked", "auto"])
 def test_model_config_accepts_blocked_and_the_lm_matches_reference(impl):
+    seq = blocked_attention.AUTO_MIN_SEQ + 13  # where "auto" takes the blocked path too
+
     def model(attention_impl):
-        spec = ModelConfig(d_model=32, num_layers=2, num_heads=2, head_dim=16, max_seq_len=300,
+        spec = ModelConfig(d_model=32, num_layers=2, num_heads=2, head_dim=16, max_seq_len=seq,
                            layer_policies=("learned_per_head", "inv_sqrt_dk"),
                            attention_impl=attention_impl)
         spec.check()
         return build_model(spec, nnx.Rngs(params=0))
 
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 300)), jnp.int32)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, seq)), jnp.int32)
     def logits(attention_impl):
         graphdef, state = nnx.split(model(attention_impl))
         return jax.jit(lambda state: nnx.merge(graphdef, state)(tokens)[0])(state)

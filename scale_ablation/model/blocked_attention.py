@@ -36,14 +36,24 @@ import jax.numpy as jnp
 
 from scale_ablation.model.policies import ScalePolicy
 
-# Measured on the 2-core development CPU (benchmarks/attention_blocks.py, batch 16, 4 heads,
-# head_dim 64, forward + backward): see benchmarks/results/attention_blocks_*.json.
-BLOCK_SIZE = 128
-# "auto" takes the blocked path from this sequence length on (same measurement).
-AUTO_MIN_SEQ = 256
-# (batch, head) pairs computed together, one after another group: small enough that a group's
-# [n, blk, blk] scores stay in a core's cache.
+# Measured on the 2-core development CPU (benchmarks/attention_blocks.py: batch 16, 4 heads,
+# head_dim 64, forward + backward; benchmarks/results/attention_blocks_*.json): blocks of 64 were
+# faster at sequence 256, blocks of 128 at 1024, so the default is 64 below 512 and 128 from there.
+SMALL_BLOCK, LARGE_BLOCK, LARGE_FROM = 64, 128, 512
+# "auto" takes the blocked path from this sequence length on (the same benchmark; see
+# `use_blocked`). Loaded (load 7-9 on the 2 cores) it beat the dense path from 256 and the
+# query-blocked reference (attention.CAUSAL_BLOCK) from 384 on, 1.6x at 512 and at 1024; idle, an
+# earlier version beat the dense path from 256 on but lost ~15% to the reference at 1024 (it
+# recomputes the weights: 7 block products to the reference's 6). 512 is where it won clearly.
+AUTO_MIN_SEQ = 512
+# (batch, head) pairs computed together, one group after another: a group's [n, blk, blk] scores
+# stay within a core's cache (4 and 1 were within the machine's noise of each other; 64 slower).
 GROUP_SIZE = 4
+
+
+def default_block_size(seq_len: int) -> int:
+    """The measured block size for this length (`SMALL_BLOCK` below `LARGE_FROM`)."""
+    return SMALL_BLOCK if seq_len < LARGE_FROM else LARGE_BLOCK
 
 
 IMPLEMENTATIONS = ("blocked", "auto")  # the `attention_impl` values that may take this path
@@ -93,18 +103,19 @@ def use_blocked(implementation: str, seq_len: int, reason: str | None) -> bool:
 
 
 def blocked_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, scale: jax.Array, *, block_size: int = BLOCK_SIZE,
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: jax.Array, *, block_size: int | None = None,
     group_size: int = GROUP_SIZE,
 ) -> jax.Array:
     """Causal softmax(scale · q·k) v over [B, T, H, D] arrays; scale: [T, H] per query and head.
 
     Gradients reach q, k, v and the scale (through the fold into q) by the custom backward.
+    block_size: default `default_block_size(T)`; group_size: (batch, head) pairs per group.
     """
     batch, seq, heads, _ = q.shape
     if k.shape != q.shape or v.shape[:3] != q.shape[:3] or scale.shape != (seq, heads):
         raise ValueError(f"blocked attention needs q, k [B, T, H, D], v [B, T, H, Dv] and scale "
                          f"[T, H]; got {q.shape}, {k.shape}, {v.shape}, {scale.shape}")
-    block = min(block_size, seq)
+    block = min(block_size or default_block_size(seq), seq)
     padded = -(-seq // block) * block
     q_scaled = q.astype(jnp.float32) * scale.astype(jnp.float32)[None, :, :, None]
     group = math.gcd(batch * heads, group_size)
