@@ -7,7 +7,8 @@ block's softmax is computed online across its key blocks with a running max and 
 (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; FlashAttention, Dao et
 al. 2022). The key blocks are swept by their offset d below the diagonal: at offset d every query
 block i ≥ d meets key block i − d in one batched product, so the program has n steps of large
-matmuls rather than n(n+1)/2 small ones (XLA on a CPU runs few large products faster).
+matmuls rather than n(n+1)/2 small ones (XLA on a CPU runs few large products faster). The
+(batch, head) pairs go GROUP_SIZE at a time (`lax.map`), so that a group's scores stay in cache.
 
 The backward is its own (`jax.custom_vjp`): the forward keeps only its inputs, the output and the
 per-query log-sum-exp; the backward recomputes each block's weights exp(s − lse) and forms
