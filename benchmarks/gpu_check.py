@@ -1,4 +1,6 @@
-r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
+r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh), under five
+minutes on one H200; `python -m benchmarks.gpu_check --tiny` runs every part on tiny models in
+seconds, on a CPU too, so that the script is known to work before a device is lent.
 
 1. The fused path (cuDNN on NVIDIA GPUs) agrees with the reference path in bfloat16 for every
    scalar policy and the learned ones, causal, forward and gradients.
@@ -9,12 +11,22 @@ r"""Accelerator check in one short script (run through benchmarks/gpu_check.sh).
    loop, from time stamps a hook takes at every step). Near 0: the host keeps the device fed.
    Once with one step per program and once with eight (`train.steps_per_call`); then the
    loop's host time per step by part (batch, dispatch, metrics transfer).
-Runs on a CPU too (the fused path is then XLA's), which is how it is tested before a GPU run.
+5. Ensemble throughput: tokens/s of one program of K = 1, 2, 4, 8, 16 members of the
+   accelerator base model (experiments/base.py:gpu), as the sweep's runner trains them; the
+   target is K members at >= 0.8·K × one member's tokens/s until the chip is full.
+6. MFU of a GPT-2-small-sized model: d_model 768, 12 layers, 12 heads × 64, sequence 1024,
+   bfloat16, fused (cuDNN) attention.
+7. The sweep runner on a slice of dk_sweep.py:quick with 1 and 8 steps per program.
+8. The throughput table (`benchmarks.throughput`) that `--plan` reads: 5 and 6.
+Runs on a CPU too (the fused path is then XLA's). Throughput is timed on synthetic bytes and the
+training check reads the embedded plays: nothing here needs the network.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -24,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import run as bench
+from benchmarks import throughput
 from scale_ablation.model import attention, policies
 from scale_ablation.records.run_files import RunFiles
 from scale_ablation.training import ensemble, hooks, runs, train
@@ -36,12 +49,12 @@ POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aw
 TOLERANCE = 8 * 2.0**-7
 
 
-def check_fused(head_dim: int = 64) -> dict[str, float]:
+def check_fused(head_dim: int = 64, specs: tuple[str, ...] = POLICIES) -> dict[str, float]:
     keys = jax.random.split(jax.random.key(0), 4)
     shape = (4, 128, 4, head_dim)
     q, k, v = (jax.random.normal(key, shape, jnp.bfloat16) for key in keys[:3])
     errors = {}
-    for spec in POLICIES:
+    for spec in specs:
         policy = policies.get(spec)
         params = jax.tree.map(lambda p: p * 1.1, policy.init(keys[3], num_heads=4,
                                                                 head_dim=head_dim))
@@ -68,11 +81,11 @@ def check_fused(head_dim: int = 64) -> dict[str, float]:
     return errors
 
 
-def check_training(steps: int = 100) -> dict:
-    config = experiment.load_config("experiments/base.py")
+def check_training(steps: int = 100, variant: str = "") -> dict:
+    config = experiment.load_config("experiments/base.py" + (f":{variant}" if variant else ""))
     config = experiment.apply_overrides(config, {
-        "train.steps": steps, "train.dtype": "bfloat16", "train.log_every": 25,
-        "train.eval_every": steps, "train.diag_every": 50, "checkpoint.every": 0,
+        "train.steps": steps, "train.dtype": "bfloat16", "train.log_every": max(1, steps // 4),
+        "train.eval_every": steps, "train.diag_every": max(1, steps // 2), "checkpoint.every": 0,
         "wandb.mode": "disabled",
         "model.attention_impl": "fused" if jax.devices()[0].platform != "cpu" else "reference",
     })
@@ -157,17 +170,108 @@ def _loop_step_seconds(config, steps: int) -> float:
     return (timed[-1] - timed[0]) / (len(timed) - 1)
 
 
-def main() -> int:
+KS = (1, 2, 4, 8, 16)
+TINY_KS = (1, 2)
+GPT2_SMALL = {"model.d_model": 768, "model.num_layers": 12, "model.num_heads": 12,
+              "model.head_dim": 64, "data.seq_len": 1024, "train.batch_size": 16}
+TINY_GPT2 = {"model.d_model": 64, "model.num_layers": 2, "model.num_heads": 2,
+             "model.head_dim": 32, "data.seq_len": 64, "train.batch_size": 4}
+ENSEMBLE_SECONDS = 150  # members beyond what fits in this much of the check are left out
+
+
+def model_config(overrides: dict | None = None, tiny: bool = False):
+    """The accelerator base model (base.py:gpu; tiny: base.py:quick) with `overrides`,
+    bfloat16 and fused attention on an accelerator, reading nothing from the hub."""
+    config = experiment.load_config("experiments/base.py:" + ("quick" if tiny else "gpu"))
+    accelerator = jax.devices()[0].platform != "cpu"
+    return experiment.apply_overrides(config, {
+        "data.source": "shakespeare", "wandb.mode": "disabled", **(overrides or {}),
+        "train.dtype": "bfloat16" if accelerator or not tiny else "float32",
+        "model.attention_impl": "fused" if accelerator else "reference"})
+
+
+def ensemble_throughput(tiny: bool, peak_flops: float) -> list[dict]:
+    """Tokens/s of K members in one program, K = 1, 2, 4, 8, 16 (tiny: 1, 2), until one does
+    not fit in memory or the time given to this part is spent."""
+    config, start, entries = model_config(tiny=tiny), time.perf_counter(), []
+    for k in TINY_KS if tiny else KS:
+        if entries and time.perf_counter() - start > ENSEMBLE_SECONDS:
+            print(f"ensemble K={k}: left out (this part's {ENSEMBLE_SECONDS} s are spent)")
+            break
+        try:
+            figures = throughput.members_figures(config, k)
+        except Exception as error:  # XlaRuntimeError RESOURCE_EXHAUSTED: the chip is full
+            print(f"ensemble K={k}: failed, {type(error).__name__}: {str(error)[:200]}")
+            break
+        entries.append(throughput.entry("accelerator base model", figures, peak_flops))
+        one = entries[0]["tokens_per_s"]
+        print(f"ensemble K={k:<2} {figures['tokens_per_s']:>12,.0f} tokens/s  "
+              f"{figures['tokens_per_s'] / (k * one):.2f} of K × one member's  MFU "
+              f"{entries[-1]['mfu']:.3f}  peak {(figures['peak_bytes'] or 0) / 2**30:.2f} GiB",
+              flush=True)
+    return entries
+
+
+def gpt2_small_mfu(tiny: bool, peak_flops: float) -> dict:
+    config = model_config(TINY_GPT2 if tiny else GPT2_SMALL, tiny=tiny)
+    figures = throughput.members_figures(config, 1)
+    found = throughput.entry("GPT-2-small-sized", figures, peak_flops)
+    print(f"GPT-2-small-sized ({throughput.describe(config)}): {figures['tokens_per_s']:,.0f} "
+          f"tokens/s, MFU {found['mfu']:.3f} of {peak_flops / 1e9:,.0f} GFLOP/s", flush=True)
+    return found
+
+
+SLICE = """from experiments import dk_sweep
+def get_config(arg=None):
+    config = dk_sweep.get_config("quick")
+    config.train.steps_per_call = {steps_per_call}
+    config.train.steps = {steps}
+    config.train.log_every = config.train.eval_every = config.train.diag_every = {steps} // 2
+    config.checkpoint.every = {steps}
+    config.wandb.mode = "disabled"
+    return config
+def sweep(arg=None):
+    return [p for p in dk_sweep.sweep("quick") if p["model.init"] == "fan_in"
+            and p["policy"] in ("inv_sqrt_dk", "none")][:{points}]
+"""
+
+
+def sweep_figures(steps_per_call: int, tiny: bool) -> dict:
+    """Wall seconds of `scale_ablation.sweep` (a fresh process, a cold compilation cache) on a
+    slice of dk_sweep.py:quick with `steps_per_call` steps per program, and what it compiled."""
+    steps, points = (16, 1) if tiny else (120, 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = os.path.join(tmp, "slice.py")
+        with open(spec, "w") as f:
+            f.write(SLICE.format(steps_per_call=steps_per_call, steps=steps, points=points))
+        env = {**os.environ, "WANDB_MODE": "disabled"}
+        seconds, compiled = bench._timed_sweep(spec, os.path.join(tmp, "sweep"), env)
+    print(f"sweep of {points} dk_sweep:quick runs ({steps} steps), {steps_per_call} per "
+          f"program: {seconds:.1f} s, {compiled.get('compile_seconds', float('nan')):.1f} s "
+          "compiling", flush=True)
+    return {"steps_per_call": steps_per_call, "seconds": seconds, **compiled}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny models: seconds, any device")
+    parser.add_argument("--out_dir", default=os.path.join("benchmarks", "results"),
+                        help="where the throughput table goes")
+    args = parser.parse_args(argv)
+    tiny, started = args.tiny, time.perf_counter()
     print(json.dumps(bench.machine()), flush=True)
-    errors = check_fused()
-    run = check_training()
-    step = bench.step_figures(bench.benchmark_config(), reps=5)
-    print(f"benchmark config: {step['train_tokens_per_s']:,.0f} tokens/s, MFU "
-          f"{step['train_mfu']:.3f} (peak {step['matmul_peak_gflops']:,.0f} GFLOP/s measured "
-          "here)", flush=True)
-    device_idle_fraction()
-    device_idle_fraction(steps_per_call=8)
-    host_seconds_per_step()
+    errors = check_fused(16, POLICIES[:3]) if tiny else check_fused()
+    run = check_training(10, "quick") if tiny else check_training()
+    peak_flops, peak_source = throughput.peak(jax.devices()[0].device_kind)
+    entries = [*ensemble_throughput(tiny, peak_flops), gpt2_small_mfu(tiny, peak_flops)]
+    idle_config = bench.benchmark_config(tiny=tiny)
+    idle = {n: device_idle_fraction(idle_config, queued=4 if tiny else 20, steps_per_call=n)
+            for n in (1, 8)}
+    host_seconds_per_step(idle_config, reps=5 if tiny else 50)
+    sweeps = [sweep_figures(n, tiny) for n in (1, 8)]
+    path = throughput.write_table(entries, args.out_dir, peak_flops, peak_source, extra={
+        "idle": idle, "sweeps": sweeps, "tiny": tiny})
+    print(f"wrote {path} (MFU against {peak_source}); {time.perf_counter() - started:.0f} s")
     failed = [spec for spec, err in errors.items() if not err <= TOLERANCE]
     trained = (run["summary"]["status"] == "completed"
                and run["summary"]["final_train_loss"] < run["first_logged_loss"])

@@ -27,6 +27,20 @@ def check_variant(experiment_file: str, arg: str | None,
         raise ValueError(f"experiments/{name}: unknown variant {arg!r} ({', '.join(variants)})")
 
 
+# The accelerator variants' corpus: WikiText-103 in the hub's layout, relative to the directory
+# the commands run in (the repository root), made with the README's snapshot_download command.
+LOCAL_WIKITEXT = "corpora/wikitext"
+ACCELERATOR_SEEDS = (0, 1, 2)  # every accelerator study: a CI over seeds for each setting
+
+
+def lr_grid_around(centre: float, points: int = 5, factor: float = 2.0) -> tuple[float, ...]:
+    """`points` learning rates `factor` apart with `centre` in the middle (odd `points`): the
+    accelerator studies' grid around a setting's best LR located on a CPU study, so that the
+    best is interior unless it moved by more than factor^(points // 2) on the larger model."""
+    half = points // 2
+    return tuple(float(f"{centre * factor ** (i - half):.3g}") for i in range(points))
+
+
 def lr_grid_for(setting: Hashable, base_lrs: tuple[float, ...],
                 widened: Mapping[Hashable, tuple[float, ...]]) -> tuple[float, ...]:
     """A setting's LR grid: the study's base grid plus the points `widened` adds for it, in
@@ -136,9 +150,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # (the dataset card's num_bytes; 1.80M lines) and its own 1.16 MB validation split.
         # 5000 steps × 64 × 512 bytes = 164M, 0.30 passes; the d_k sweep's 3000 steps read
         # 98M, 0.18 passes. The 4.8 MB of plays would repeat 34 and 20 times (the final loss
-        # would then measure memorisation). Needs the [hf] extra and the hub, or a local copy:
-        # --config.data.source=hf:DIR with DIR in the hub's layout (scale_ablation/data/huggingface.py).
-        data.source = "hf:Salesforce/wikitext:wikitext-103-raw-v1"
+        # would then measure memorisation). Read from a local copy in the hub's layout
+        # (LOCAL_WIKITEXT; README, "Data on a machine without network"), so that a device
+        # without network runs it; --config.data.source=hf:Salesforce/wikitext:wikitext-103-raw-v1
+        # streams it from the hub instead (the [hf] extra either way).
+        data.source = f"hf:{LOCAL_WIKITEXT}:wikitext-103-raw-v1"
         data.seq_len = 512
         train.steps, train.batch_size, train.dtype = 5000, 64, "bfloat16"
         train.eval_every, train.diag_every, checkpoint.every = 500, 250, 1000

@@ -27,9 +27,13 @@ Variants:
   (1/log d_k, a constant, learned, QK-LayerNorm, log-length) and the init axis are left to `gpu`: on
   2 cores three seeds at 3–4 LRs of three policies is what fits, and eight policies at one seed
   would sit at noise level.
-- default (one accelerator): d_model 512, fixed width at d_k 16…512 and fixed heads (4) at d_k
-  16…1024, every policy, both inits, three seeds, 3000 steps. It reads `data.source` from the
-  `gpu` base variant; its token budget should not repeat the corpus (the report warns if it does).
+- default (one accelerator): d_model 512 with 8 heads of value width 64, d_k the q/k width
+  (`model.qk_dim`) 16, 64, 256, 512: width and heads fixed, so the scale's argument changes
+  alone (the q/k projections grow with d_k). 1/√d_k and the article's four alternatives, each
+  over 5 LRs ×2 apart around its cpu best (`ACCELERATOR_LRS`), both inits, 3 seeds, 3000 steps
+  (0.18 passes over WikiText-103, read from the local copy of the `gpu` base variant).
+  Learned, QK-LayerNorm and log-length are left to learned_scale, lr_sensitivity and
+  length_generalization, which tune them.
 - `quick` (smoke test, one seed): the same structure at d_model 64.
 
 The init is an axis of `quick` and the default (`model.init`): which scale is best depends on
@@ -40,6 +44,11 @@ results are quoted for.
 
 A policy of your own joins the grid at every cell with no edit here (README, "Add your policy and
 sweep it"): add `--imports=my_policy.py --add_policies=my_policy` to the sweep command.
+
+Budget (default): 9.27 device-hours on one H200, 600 runs, 1.31e19 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/dk_sweep.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 from experiments import base
@@ -50,13 +59,22 @@ POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned
             "log_length")
 CPU_POLICIES = ("inv_sqrt_dk", "none", "inv_dk")  # the reference and the article's named two
 HEAD_DIMS = (16, 64, 256, 1024)  # the fixed-heads arm's d_k (default; quick: its ends)
-FIXED_HEADS = {"quick": 2, "cpu": 1, None: 4}
+FIXED_HEADS = {"quick": 2, "cpu": 1, None: 8}  # default: the gpu base's 8 heads
 INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and GPT-2's
 # Each policy's own LR grid, wide enough that its best is interior: the first cpu run used
 # {1e-3, 3e-3, 1e-2} for all and found scale 1's best on the low edge (d_k 128) and 1/d_k's on
 # the high edge (d_k 16), so each got one more point on that side.
 CPU_LRS = (1e-3, 3e-3, 1e-2)
 WIDER = {"inv_sqrt_dk": (3e-4,), "none": (3e-4,), "inv_dk": (3e-2,)}
+# The default: the article's alternatives against 1/√d_k, d_k as the q/k width of 8 heads of a
+# d_model 512 model (the value width stays 64). Each policy's LR grid is centred on its best in
+# the cpu study (1/√d_k 3e-3 at d_k 16 and 128; scale 1 1e-3; 1/d_k 1e-2 at d_k 16 and 512), or
+# on 1/√d_k's for the two the cpu study did not run (1/log d_k and 0.1 are within 2x of 1/√d_k
+# at d_k 16-256), 5 points ×2 apart: interior unless the best moved 4x on the larger model.
+ACCELERATOR_POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1")
+ACCELERATOR_QK_DIMS = (16, 64, 256, 512)
+ACCELERATOR_LRS = {"inv_sqrt_dk": 3e-3, "none": 1e-3, "inv_dk": 1e-2, "inv_log_dk": 3e-3,
+                   "const:0.1": 3e-3}
 
 
 def get_config(arg: str | None = None):
@@ -91,7 +109,21 @@ def cells(arg: str | None = None) -> list[tuple[int, int]]:
     return list(dict.fromkeys(out))
 
 
+def accelerator_sweep() -> list[dict]:
+    """The default grid: d_k by q/k width at fixed width and heads, each policy over its own
+    LR grid around its located best (ACCELERATOR_LRS), both inits, 3 seeds."""
+    return [
+        {"policy": policy, "model.qk_dim": qk_dim, "model.init": init, "train.lr": lr,
+         "train.seed": seed}
+        for init in INITS for policy in ACCELERATOR_POLICIES for qk_dim in ACCELERATOR_QK_DIMS
+        for lr in base.lr_grid_around(ACCELERATOR_LRS[policy])
+        for seed in base.ACCELERATOR_SEEDS
+    ]
+
+
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg is None:
+        return accelerator_sweep()
     if arg == "cpu":
         return [
             {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
@@ -121,7 +153,7 @@ def _named(specs: tuple[str, ...]) -> str:
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     others = tuple(p for p in OTHER_SCALES if p in (CPU_POLICIES if arg == "cpu" else POLICIES))
     large = 128 if arg == "cpu" else 256
-    at = "best_lr" if arg == "cpu" else "each_lr"  # the default has one LR: lr_sensitivity tunes
+    at = "each_lr" if arg == "quick" else "best_lr"  # quick has one LR
     return [
         claims_lib.Claim(
             f"{_named(others)} diverged or oscillated; only 1/√d_k trained smoothly (at large "

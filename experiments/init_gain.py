@@ -14,8 +14,14 @@ Variants:
   cores), and 3e-2, 1e-1 for the three gain-4 settings other than scale 1, whose best LR sat on
   1e-2 (18 runs). One large gain rather than a gain axis: g = 2 moves the 1/√d_k logits only to
   std 4, and a second gain would double the grid past the hour.
-- default (one accelerator): gains 1 and 2 × d_k 64 and 256, one seed at one LR.
+- default (one accelerator): the cpu study's five settings (gain 4) at d_k 64 and 256 (q/k
+  width of 8 heads at d_model 512), each over 5 LRs ×2 apart around its cpu best, 3 seeds.
 - `quick` (smoke test): gains 1 and 2 at d_k 64.
+
+Budget (default): 3.51 device-hours on one H200, 150 runs, 4.97e18 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/init_gain.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 from experiments import base
@@ -42,7 +48,30 @@ def compensations(gain: float, head_dim: int) -> tuple[str, ...]:
 WIDER = {(CPU_GAIN, policy): (3e-2, 1e-1) for policy in compensations(CPU_GAIN, CPU_HEAD_DIM)}
 
 
+# The default: the cpu study's five settings at gain 4, d_k 64 and (as the q/k width of 8 heads
+# at d_model 512) 256, each over 5 LRs ×2 apart around its cpu best, 3 seeds.
+ACCELERATOR_QK_DIMS = (64, 256)
+ACCELERATOR_LRS = {"inv_sqrt_dk@1": 3e-3, "none": 1e-3, "inv_sqrt_dk": 1e-2, "gain_aware": 3e-2,
+                   "const": 3e-2}
+
+
+def accelerator_settings(head_dim: int) -> list[tuple[float, str, float]]:
+    """(gain, policy, LR centre) of the default at `head_dim`: the cpu study's settings."""
+    compensating = compensations(CPU_GAIN, head_dim)
+    return [(1.0, "inv_sqrt_dk", ACCELERATOR_LRS["inv_sqrt_dk@1"]),
+            (CPU_GAIN, "none", ACCELERATOR_LRS["none"]),
+            (CPU_GAIN, "inv_sqrt_dk", ACCELERATOR_LRS["inv_sqrt_dk"]),
+            (CPU_GAIN, compensating[1], ACCELERATOR_LRS["gain_aware"]),
+            (CPU_GAIN, compensating[2], ACCELERATOR_LRS["const"])]
+
+
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg is None:
+        return [{"model.init_gain": gain, "policy": policy, "model.qk_dim": qk_dim,
+                 "train.lr": lr, "train.seed": seed}
+                for qk_dim in ACCELERATOR_QK_DIMS
+                for gain, policy, centre in accelerator_settings(qk_dim)
+                for lr in base.lr_grid_around(centre) for seed in base.ACCELERATOR_SEEDS]
     if arg == "cpu":
         settings = [(1.0, "inv_sqrt_dk")] + [
             (CPU_GAIN, p) for p in ("none", *compensations(CPU_GAIN, CPU_HEAD_DIM))]
@@ -61,10 +90,12 @@ def sweep(arg: str | None = None) -> list[dict]:
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
-    # quick and the default run one LR and one seed: their comparisons stay inconclusive.
-    at = "best_lr" if arg == "cpu" else "each_lr"
-    gain = CPU_GAIN if arg == "cpu" else 2.0
-    compensating = compensations(gain, CPU_HEAD_DIM)[1:]
+    # quick runs one LR and one seed: its comparisons stay inconclusive.
+    at = "each_lr" if arg == "quick" else "best_lr"
+    gain = 2.0 if arg == "quick" else CPU_GAIN
+    head_dims = (CPU_HEAD_DIM,) if arg == "cpu" else ACCELERATOR_QK_DIMS
+    compensating = tuple(dict.fromkeys(spec for d in head_dims
+                                       for spec in compensations(gain, d)[1:]))
     found = [
         claims_lib.Claim(
             f"Changing the q/k init gain breaks the variance argument: at gain {gain:g}, "
@@ -79,7 +110,7 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
             claims_lib.Unstable(("inv_sqrt_dk",), expect_unstable=False),
             source="article §5.1"),
     ]
-    if arg == "cpu":  # the other grids run the compensations at gain 1 too, and no scale 1
+    if arg != "quick":  # quick runs the compensations at gain 1 too, and no scale 1
         found.append(claims_lib.Claim(
             f"The scale must compensate: at gain {gain:g}, 1/(g²√d_k) and the article's "
             "1/(g√d_k) end better than 1/√d_k",

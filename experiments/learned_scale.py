@@ -34,9 +34,16 @@ Variants:
   seed 0; 9.5 min on 2 cores shared with other work) took the scale from 1 to 0.092 in layer 0
   and 0.161 in layer 1 by step 600 (1/√128 = 0.088), ending at 3.43 bits per byte (bigram
   3.57: the best LR of the grid is expected higher, as in dk_sweep's cpu grid).
-- default (one accelerator): d_k 16…1024, per-layer and per-head scales, starts at 1/√d_k, 1
-  and 1/d_k, one seed at the base LR.
+- default (one accelerator): d_k 16, 64, 256 as the q/k width of 8 heads at d_model 512;
+  the learned scale from 1/√d_k and from 1 against fixed 1/√d_k, 5 LRs ×2 apart around 5e-3
+  for the learned scales and 3e-3 for 1/√d_k (the cpu bests, 3e-3 to 1e-2), 3 seeds, scale LR multiplier 2 (the lowest LR, 1.25e-3, then
+  allows 1.25e-3 · 2 · 2750 = 6.9 of log-scale movement, ln √256 = 2.8 needed).
 - `quick` (smoke): d_k 16, 64, 256 on the quick model, 150 steps, one seed.
+
+Budget (default): 2.87 device-hours on one H200, 135 runs, 4.06e18 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/learned_scale.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 from experiments import base
@@ -50,7 +57,13 @@ CPU_LRS = (1e-3, 3e-3, 1e-2)
 WIDER = {("learned", 16): (3e-2,), ("learned:1.0", 16): (3e-2,)}
 CPU_POLICIES = ("inv_sqrt_dk", "learned", "learned:1.0")
 BAND = 2.0  # "≈ 1/√d_k": the final scale within [1/(2√d_k), 2/√d_k]
-SCALE_LR_MULTIPLIER = {"quick": 20.0, "cpu": 10.0, None: 1.0}
+SCALE_LR_MULTIPLIER = {"quick": 20.0, "cpu": 10.0, None: 2.0}
+# The default: d_k as the q/k width of 8 heads at d_model 512; the learned scale from 1/√d_k and
+# from 1 against fixed 1/√d_k, each over 5 LRs ×2 apart around the cpu study's bests (3e-3 to
+# 1e-2 at d_k 16 and 128), 3 seeds.
+ACCELERATOR_QK_DIMS = (16, 64, 256)
+ACCELERATOR_POLICIES = ("inv_sqrt_dk", "learned", "learned:1.0")
+ACCELERATOR_LRS = {"inv_sqrt_dk": 3e-3, "learned": 5e-3, "learned:1.0": 5e-3}
 
 
 def get_config(arg: str | None = None):
@@ -73,7 +86,12 @@ def sweep(arg: str | None = None) -> list[dict]:
                 for policy in CPU_POLICIES for head_dim in CPU_HEAD_DIMS
                 for lr in base.lr_grid_for((policy, head_dim), CPU_LRS, WIDER)
                 for seed in (0, 1, 2)]
-    head_dims = (16, 64, 256) if arg == "quick" else HEAD_DIMS
+    if arg is None:
+        return [{"policy": policy, "model.qk_dim": qk_dim, "train.lr": lr, "train.seed": seed}
+                for policy in ACCELERATOR_POLICIES for qk_dim in ACCELERATOR_QK_DIMS
+                for lr in base.lr_grid_around(ACCELERATOR_LRS[policy])
+                for seed in base.ACCELERATOR_SEEDS]
+    head_dims = (16, 64, 256)
     points = []
     for head_dim in head_dims:
         for spec in ("learned", "learned_per_head", "learned:1.0", f"learned:{1 / head_dim:.6g}"):
@@ -85,7 +103,7 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     found = [claims_lib.Claim(
         "A learned scale converges to ≈1/√d_k, whether it starts there or at 1",
         claims_lib.Band(BAND), source="article §5.3")]
-    if arg == "cpu":
+    if arg != "quick":
         found.append(claims_lib.Claim(
             "Learning the scale costs nothing: it ends as well as fixed 1/√d_k, each at its own "
             "best learning rate",

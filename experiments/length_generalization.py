@@ -24,8 +24,14 @@ Variants:
   about a third to a base run). QK-LayerNorm is left to
   the default variant: no claim about length is made for it, and three policies is what leaves
   room for three seeds at three learning rates.
-- default (one accelerator): d_k 64 and 256, QK-LayerNorm as well, two seeds at one LR.
+- default (one accelerator): d_k 64 and 256 (q/k width of 8 heads at d_model 512), the four
+  policies, 5 LRs ×2 apart around each one's cpu best, 3 seeds.
 - `quick` (smoke test): 200 steps of the quick model, one seed.
+
+Budget (default): 2.85 device-hours on one H200, 120 runs, 3.98e18 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/length_generalization.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 from experiments import base
@@ -35,6 +41,12 @@ POLICIES = ("inv_sqrt_dk", "log_length", "log_length:0.5", "qk_layernorm")
 CPU_POLICIES = POLICIES[:3]
 CPU_LRS = (1e-3, 3e-3, 1e-2)
 WIDER = {"log_length": (3e-2,), "log_length:0.5": (3e-2,)}
+# The default: d_k 64 and (q/k width of 8 heads at d_model 512) 256; each policy over 5 LRs ×2
+# apart around its cpu best (1/√d_k 3e-3, log-length 1e-2; QK-LayerNorm's lr_sensitivity best,
+# 1.78e-2), 3 seeds.
+ACCELERATOR_QK_DIMS = (64, 256)
+ACCELERATOR_LRS = {"inv_sqrt_dk": 3e-3, "log_length": 1e-2, "log_length:0.5": 1e-2,
+                   "qk_layernorm": 1.6e-2}
 
 
 def get_config(arg: str | None = None):
@@ -57,19 +69,17 @@ def sweep(arg: str | None = None) -> list[dict]:
         return [{"policy": policy, "model.head_dim": 32, "train.lr": lr, "train.seed": seed}
                 for policy in CPU_POLICIES for lr in base.lr_grid_for(policy, CPU_LRS, WIDER)
                 for seed in (0, 1, 2)]
-    head_dims = (32,) if arg == "quick" else (64, 256)
-    seeds = (0,) if arg == "quick" else (0, 1)
-    return [
-        {"policy": policy, "model.head_dim": d, "train.seed": seed}
-        for policy in POLICIES
-        for d in head_dims
-        for seed in seeds
-    ]
+    if arg is None:
+        return [{"policy": policy, "model.qk_dim": qk_dim, "train.lr": lr, "train.seed": seed}
+                for policy in POLICIES for qk_dim in ACCELERATOR_QK_DIMS
+                for lr in base.lr_grid_around(ACCELERATOR_LRS[policy])
+                for seed in base.ACCELERATOR_SEEDS]
+    return [{"policy": policy, "model.head_dim": 32, "train.seed": 0} for policy in POLICIES]
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     log_length = tuple(p for p in POLICIES if p.startswith("log_length"))
-    at = "best_lr" if arg == "cpu" else "each_lr"  # quick and the default run one LR
+    at = "each_lr" if arg == "quick" else "best_lr"  # quick runs one LR
     return [
         claims_lib.Claim(
             f"Log-length scaling degrades less than 1/√d_k beyond the training length, at {L // n}n "

@@ -12,7 +12,14 @@ meant to prevent.
 
 Variants: `cpu` (the study for 2 cores: the base CPU model, 4 heads × d_k 32 = d_model 128,
 600 steps; 4 policies × 7 LRs × 3 seeds = 84 runs, about 1.5 hours: README, Results), default
-(one accelerator, d_k 64 and 256) and `quick` (smoke-level, a few minutes on 2 cores).
+(one accelerator: width as the axis, d_model 256, 512, 1024 with heads of d_k 64, the same 7
+LRs, which hold every cpu best inside, × 3 seeds, 3000 steps) and `quick` (smoke-level, a few
+minutes on 2 cores).
+
+Budget (default): 4.90 device-hours on one H200, 252 runs, 6.94e18 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/lr_sensitivity.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 import numpy as np
@@ -29,6 +36,8 @@ def get_config(arg: str | None = None):
     config.wandb.tags = ("lr_sensitivity",)
     # Logit growth needs a time series.
     config.train.diag_every = {"quick": 20, "cpu": 25}.get(arg, 100)
+    if arg is None:
+        config.train.steps = ACCELERATOR_STEPS
     if arg == "quick":
         config.train.steps = 100
         config.train.log_every = 5  # spikes are judged on the logged training loss
@@ -38,12 +47,27 @@ def get_config(arg: str | None = None):
 
 
 def lr_grid(arg: str | None = None) -> list[float]:
-    """Log-spaced, 3e-4 .. 1: wide enough that every policy's best learning rate is interior."""
-    points = 7 if arg in ("quick", "cpu") else 9
-    return [float(f"{lr:.3g}") for lr in np.logspace(-3.5, 0.0, points)]
+    """Log-spaced, 3e-4 .. 1: wide enough that every policy's best learning rate is interior
+    (the cpu study's bests: 1e-3 to 1.78e-2)."""
+    return [float(f"{lr:.3g}") for lr in np.logspace(-3.5, 0.0, 7)]
+
+
+ACCELERATOR_WIDTHS = (256, 512, 1024)  # d_model; heads = d_model / 64, d_k 64
+ACCELERATOR_STEPS = 3000
+
+
+def accelerator_sweep() -> list[dict]:
+    """Width as the axis: Wortsman et al. find the logit growth QK-LayerNorm cures at larger
+    models, so each policy's loss-against-LR curve is measured at three widths, d_k 64."""
+    return [{"policy": policy, "model.d_model": width, "model.num_heads": width // 64,
+             "model.head_dim": 64, "train.lr": lr, "train.seed": seed}
+            for policy in POLICIES for width in ACCELERATOR_WIDTHS for lr in lr_grid()
+            for seed in base.ACCELERATOR_SEEDS]
 
 
 def sweep(arg: str | None = None) -> list[dict]:
+    if arg is None:
+        return accelerator_sweep()
     head_dims = {"quick": (64,), "cpu": (32,)}.get(arg, (64, 256))
     seeds = (0, 1, 2)
     return [

@@ -28,11 +28,16 @@ Variants:
   steps, while at vocabulary 64 with 4 pairs 1/√d_k left it near step 450 (LR 3e-3) and
   recalled every query by step 1500. Where in 1000 steps a policy leaves the plateau, if it
   does, is what the study compares.
-- default (one accelerator): seq 256, 16 pairs, vocabulary 8192, d_model 128, one head with d_k
-  64, 128 or 256 (the attention width follows d_k, as in dk_sweep's fixed-heads arm), batch
-  256, 5000 steps; six policies; Zoology's LR grid logspace(-4, -2, 4); 3 seeds.
+- default (one accelerator): seq 256, 16 pairs, vocabulary 8192, d_model 128, one head of
+  value width 128 with d_k (the q/k width) 64, 128 or 256, batch 256, 5000 steps; six
+  policies; Zoology's LR grid logspace(-4, -2, 4) and one step more (4.64e-2); 3 seeds.
 - `quick` (smoke test of the commands, seconds a run alone): vocabulary 256, seq 64, 4 pairs,
   60 steps, the `cpu` policies × 2 LRs, one seed: 6 runs.
+
+Budget (default): 0.57 device-hours on one H200, 270 runs, 8.07e17 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/mqar.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 import numpy as np
@@ -102,12 +107,18 @@ def lr_grid(arg: str | None = None) -> tuple[float, ...]:
         return QUICK_LRS
     if arg == "cpu":
         return CPU_LRS
-    return tuple(float(f"{lr:.3g}") for lr in np.logspace(-4, -2, 4))  # Zoology's grid
+    # Zoology's grid, logspace(-4, -2, 4), extended by its own step to 4.64e-2 so that
+    # QK-LayerNorm's best (1.78e-2 in lr_sensitivity's cpu study) can be interior.
+    return tuple(float(f"{lr:.3g}") for lr in np.logspace(-4, -4 + 2 / 3 * 4, 5))
 
 
 def sweep(arg: str | None = None) -> list[dict]:
     policies = {"quick": CPU_POLICIES, "cpu": CPU_POLICIES}.get(arg, POLICIES)
-    head_dims = {"quick": (32,), "cpu": (64,)}.get(arg, (64, 128, 256))
+    if arg is None:  # one head of value width d_model 128; d_k the q/k width
+        return [{"policy": p, "model.qk_dim": d, "train.lr": lr, "train.seed": s}
+                for p in POLICIES for d in (64, 128, 256) for lr in lr_grid(arg)
+                for s in base.ACCELERATOR_SEEDS]
+    head_dims = {"quick": (32,), "cpu": (64,)}[arg]
     seeds = (0,) if arg == "quick" else (0, 1, 2)
     return [{"policy": p, "model.head_dim": d, "train.lr": lr, "train.seed": s}
             for p in policies for d in head_dims for lr in lr_grid(arg) for s in seeds]

@@ -16,9 +16,15 @@ Variants:
   there, or as spikes at 1e-2 (the unstable-runs table). A fourth LR (3e-2) or attention
   dropout as a third switch would each take the grid past the hour; dropout is left to the
   default variant, and the article names clipping and warmup first.
-- default (one accelerator, d_k 256): every switch (clip, warmup, dropout) on and off with both
-  policies at one LR.
+- default (one accelerator): d_k 256 as the q/k width of 8 heads at d_model 512; the cpu
+  study's three switch settings × both policies × 5 LRs ×2 apart around each policy's cpu
+  best × 3 seeds.
 - `quick` (smoke test): the same grid at LR 1e-2.
+
+Budget (default): 2.50 device-hours on one H200, 90 runs, 3.54e18 train FLOPs
+(`python -m scale_ablation.sweep --config=experiments/stability.py --workdir=DIR --plan
+--device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
+exists, compilation not counted; tests/test_planner.py holds it to 25%).
 """
 
 from experiments import base
@@ -30,6 +36,12 @@ CPU_LRS = (1e-3, 3e-3, 1e-2)
 # 3e-4 for all three of its settings keeps scale 1's arms on one grid.
 WIDER = {"none": (3e-4,)}
 CPU_WARMUP = 50
+# The default: d_k 256 as the q/k width of 8 heads at d_model 512 (logits large enough for the
+# stabilisers to matter); both on, clipping off and warmup off (attention dropout, the triangle's
+# third side, would confound the clipping arms: no claim tests it); each policy over 5 LRs ×2
+# apart around its cpu best (1/√d_k 3e-3, scale 1 1e-3), 3 seeds.
+ACCELERATOR_QK_DIM = 256
+ACCELERATOR_LRS = {"inv_sqrt_dk": 3e-3, "none": 1e-3}
 
 
 def get_config(arg: str | None = None):
@@ -46,6 +58,12 @@ def cpu_switches() -> list[dict]:
             for clip, warmup in ((1.0, CPU_WARMUP), (0.0, CPU_WARMUP), (1.0, 0))]
 
 
+def accelerator_switches(warmup: int) -> list[dict]:
+    """Both on, then each of clipping and warmup off alone, as on the cpu."""
+    return [{"train.grad_clip": clip, "train.warmup_steps": w}
+            for clip, w in ((1.0, warmup), (0.0, warmup), (1.0, 0))]
+
+
 def sweep(arg: str | None = None) -> list[dict]:
     if arg == "cpu":
         return [{"policy": policy, **switches, "model.head_dim": 32, "train.lr": lr,
@@ -54,6 +72,12 @@ def sweep(arg: str | None = None) -> list[dict]:
                 for lr in base.lr_grid_for(policy, CPU_LRS, WIDER) for seed in (0, 1, 2)]
     config = get_config(arg)
     warmup = max(1, config.train.steps // 10)
+    if arg is None:
+        return [{"policy": policy, **switches, "model.qk_dim": ACCELERATOR_QK_DIM,
+                 "train.lr": lr, "train.seed": seed}
+                for policy in POLICIES for switches in accelerator_switches(warmup)
+                for lr in base.lr_grid_around(ACCELERATOR_LRS[policy])
+                for seed in base.ACCELERATOR_SEEDS]
     return [
         {"policy": policy, "train.grad_clip": clip, "train.warmup_steps": w,
          "model.attention_dropout": dropout, "model.head_dim": 256}
@@ -65,7 +89,7 @@ def sweep(arg: str | None = None) -> list[dict]:
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
-    at = "best_lr" if arg == "cpu" else "each_lr"  # quick and the default run one LR
+    at = "each_lr" if arg == "quick" else "best_lr"  # quick runs one LR
     warmup = CPU_WARMUP if arg == "cpu" else max(1, get_config(arg).train.steps // 10)
     switch_off = [("gradient clipping", "train.grad_clip", 0.0, 1.0),
                   ("warmup", "train.warmup_steps", 0, warmup)]

@@ -2,7 +2,7 @@ r"""Run an experiment's grid: one run directory per point, resumable, in-process
 
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
       [--parallel=N] [--noensemble] [--dry_run] [--extend] [--imports=my_policy.py] \
-      [--add_policies=SPEC,...]
+      [--add_policies=SPEC,...] [--plan] [--budget_hours=H] [--device=H200]
 
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
 compiling and starting W&B than training, and one process shares all of that (and the compiled
@@ -13,7 +13,9 @@ own run directory); `--noensemble` trains them one after another. `--parallel=N`
 (completed or diverged) and resumes interrupted ones from their checkpoints. The report is
 written at the end. `--imports` imports user modules or files (their registered policies) here
 and in every process the sweep starts; `--add_policies` adds policy specs to the experiment's grid
-at each setting of its other keys (`experiment.with_policies`).
+at each setting of its other keys (`experiment.with_policies`). `--plan` prints what the runs
+still to run cost on `--device` and exits; `--budget_hours` refuses a sweep over it (exit 2),
+both writing nothing (`scale_ablation.training.planner`).
 
 One sweep at a time writes a sweep directory (a lock; each run directory has its own too). A run
 already trained with other steps, warmup or lr is refused unless `--extend`. Exit codes: 0 every
@@ -40,7 +42,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins, policies
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED, RunFiles
-from scale_ablation.training import ensemble, hooks, runs, runtime
+from scale_ablation.training import ensemble, hooks, plan_text, runs, runtime
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.ahead import Ahead
 from scale_ablation.training.compile_log import CompileLog
@@ -66,6 +68,14 @@ _EXTEND = flags.DEFINE_bool(
     "train.lr (finished ones included) from their last checkpoints with the new values.")
 EXIT_INCOMPLETE = 4  # some run failed or is missing
 
+_PLAN = flags.DEFINE_bool(
+    "plan", False, "Print what the sweep costs (runs, parameters, tokens, passes, FLOPs, peak "
+    "memory per shape, device-hours on --device) and exit, writing nothing.")
+_BUDGET_HOURS = flags.DEFINE_float(
+    "budget_hours", None, "Refuse to start (exit 2) a sweep whose plan needs more device-hours.")
+_DEVICE = flags.DEFINE_string(
+    "device", None, "Device kind the plan is for (H200, H100, A100, TPU v4, TPU v5e, cpu); "
+    "default: this process's device.")
 _IMPORTS = plugins.imports_flag()
 _ADD_POLICIES = flags.DEFINE_list(
     "add_policies", [], "Policy specs to add to the experiment's grid, comma-separated: one more "
@@ -419,6 +429,11 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     todo = [p for p in points if statuses[p.name] not in FINISHED]
+    if _PLAN.value or _BUDGET_HOURS.value is not None:
+        what = f"{_CONFIG.value} ({len(todo)} of {len(points)} runs to run)"
+        code = plan_text.run(todo, what, _PLAN.value, _BUDGET_HOURS.value, _DEVICE.value)
+        if code is not None:
+            return code
     if _DRY_RUN.value:
         for point in points:
             print(f"{statuses[point.name]:>10}  {point.name}")

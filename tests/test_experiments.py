@@ -118,7 +118,7 @@ def dk_sweep_points(variant: str | None) -> list[ml_collections.ConfigDict]:
             for overrides in experiment.load_grid(spec)]
 
 
-@pytest.mark.parametrize("variant", [None, "quick", "cpu"])
+@pytest.mark.parametrize("variant", ["quick", "cpu"])  # the default: d_k by q/k width, below
 def test_dk_sweep_has_a_fixed_width_and_a_fixed_heads_arm(variant):
     configs = dk_sweep_points(variant)
     d_model = {c.model.d_model for c in configs}
@@ -143,12 +143,18 @@ def test_dk_sweep_has_a_fixed_width_and_a_fixed_heads_arm(variant):
 
 
 def test_quick_and_default_dk_sweeps_cover_every_policy_and_both_inits():
-    for variant in (None, "quick"):
-        configs = dk_sweep_points(variant)
-        assert {c.policy for c in configs} == set(DK_SWEEP_POLICIES)
-        assert {c.model.init for c in configs} == {"fan_in", "gpt2"}
-    default = {c.model.head_dim for c in dk_sweep_points(None) if c.model.num_heads == 4}
-    assert default == set(DK_SWEEP_HEAD_DIMS)
+    quick = dk_sweep_points("quick")
+    assert {c.policy for c in quick} == set(DK_SWEEP_POLICIES)
+    assert {c.model.init for c in quick} == {"fan_in", "gpt2"}
+    # The default (issue 31): the article's alternatives against 1/√d_k, both inits, d_k as the
+    # q/k width at one width and head count.
+    default = dk_sweep_points(None)
+    assert {c.policy for c in default} == {"inv_sqrt_dk", "none", "inv_dk", "inv_log_dk",
+                                           "const:0.1"}
+    assert {c.model.init for c in default} == {"fan_in", "gpt2"}
+    assert {(c.model.d_model, c.model.num_heads, c.model.head_dim) for c in default} == {
+        (512, 8, 64)}
+    assert {c.model.qk_dim for c in default} == {16, 64, 256, 512}
 
 
 def test_fixed_width_holds_the_parameter_count_and_fixed_heads_grows_it():
