@@ -80,6 +80,12 @@ def _failures(run: dict, found: dict[str, float]) -> dict:
     return {**steps, "failures": ";".join(kinds)}
 
 
+def _val_bpb_at(metrics: list[dict], step: int) -> float | None:
+    """Validation bits per byte of the evaluation at `step` (None if the run made none there)."""
+    return next((r["val/bpb"] for r in metrics
+                 if r.get("step") == step and r.get("val/bpb") is not None), None)
+
+
 def _d_k(config: dict) -> int:
     """The q/k width per head: `model.qk_dim` when it is set apart, else the head dim."""
     return config["model"].get("qk_dim") or config["model"]["head_dim"]
@@ -117,11 +123,14 @@ def summarise_run(run: dict) -> dict:
         "final_entropy": rm.layer_mean(last_diag, "entropy"),
         "final_entropy_normalised": rm.layer_mean(last_diag, "entropy_normalised"),
         "final_max_weight": rm.layer_mean(last_diag, "max_weight"),
+        "final_logit_std": rm.layer_mean(last_diag, "logit_std"),  # the article's 0.8-1.2 band
         "final_learned_scale": rm.layer_mean(last_diag, "learned_scale"),
         "max_attention_logit": max(max_logits.values()) if max_logits else None,
         **{f"max_attention_logit/layer{i}": v for i, v in sorted(max_logits.items())},
         "initial_val_loss": next((r["val/loss"] for r in metrics
                                   if r.get("step") == 0 and r.get("val/loss") is not None), None),
+        # An early budget (analysis/exponent.py's ExponentShift): the evaluation halfway through.
+        "val_bpb_at_half_steps": _val_bpb_at(metrics, config["train"]["steps"] // 2),
         **found,
         # Accuracy (MQAR recall) and the longer evaluation lengths, from the last evaluation.
         **{f"final_{key}": value for key, value in last_eval.items()

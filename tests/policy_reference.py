@@ -133,6 +133,7 @@ REFERENCES = {
     "mup_inv_dk": fixed(lambda d: 8.0 / d),  # mup's attn_mult/d with its default 8 (= √64)
     "inv_log_dk": fixed(lambda d: 1 / math.log(d)),
     "const:0.1": fixed(lambda d: 0.1),
+    "c_inv_sqrt_dk:3": fixed(lambda d: 3.0 / math.sqrt(d)),  # the exponent study's C/√d_k
     "gain_aware:2": fixed(lambda d: 1 / (4 * math.sqrt(d))),
     # Without the model's width (a bare attend) the head width is d_k; layer 0.
     "inv_sqrt_head_width": fixed(lambda d: d**-0.5),

@@ -26,7 +26,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.name != "__init__.py")
 VARIANTS = (None, "quick")
 CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity", "length_generalization", "init_gain",
-               "norm_placement", "stability", "learned_scale", "precision", "mqar")  # 2 cores
+               "norm_placement", "stability", "learned_scale", "precision", "mqar",
+               "dk_exponent")  # 2 cores
 
 # The specification of the central ablation, written out here rather than imported.
 DK_SWEEP_POLICIES = (

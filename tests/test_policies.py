@@ -43,6 +43,7 @@ def sigmoid_gate(arg: str | None) -> policies.ScalePolicy:
 # Policies that need an argument get one; every other policy is used by its bare name, so a new
 # policy that needs an argument fails here until it is listed.
 DEFAULT_ARGS = {"const": "const:0.1", "gain_aware": "gain_aware:2", "yarn": "yarn:4",
+                "c_inv_sqrt_dk": "c_inv_sqrt_dk:3",
                 # Small enough that the suite's logits reach them: the cap and the clip act.
                 "softcap": "softcap:2", "qk_clip": "qk_clip:1", "temperature": "temperature:2,0.3"}
 # Compositions join the suite like any policy (`scale_ablation.model.compose`).

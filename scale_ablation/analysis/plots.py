@@ -19,6 +19,7 @@ from collections.abc import Callable
 from matplotlib.figure import Figure
 
 from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import exponent_plots
 from scale_ablation.analysis import plot_groups as groups
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.records import metrics_rows as rm
@@ -301,6 +302,7 @@ def row_plots(rows: list[dict], style: look.Style) -> dict[str, Figure]:
                 rows, layer_key, f"max |attention logit| over training, {layer}", unit=None,
                 log_y=True, float16_line=True, style=style)
     out["learned_scale_vs_dk.png"] = plot_learned_scale(rows, style)
+    out.update(exponent_plots.figures(rows))  # loss against c, c* against d_k (dk_exponent)
     return {name: fig for name, fig in out.items() if fig is not None}
 
 

@@ -1,0 +1,117 @@
+r"""The optimal attention scale's exponent in d_k: the scale c·d_k^(-1/2) swept over c at each
+d_k, so that the best c per d_k gives the exponent directly (issue 29).
+
+  python -m scale_ablation.sweep --config=experiments/dk_exponent.py:cpu \
+      --workdir=runs/dk_exponent_cpu
+  python -m scale_ablation.sweep --config=experiments/dk_exponent.py --workdir=runs/dk_exponent
+  python -m scale_ablation.report runs/dk_exponent_cpu     # claims.md: α per init, two budgets
+
+Design. Width and heads are fixed and d_k alone changes: the q/k width per head is
+`model.qk_dim`, apart from the value width `model.head_dim` (= d_model / num_heads), so the
+parameters change only in the q/k projections. The scale is `c_inv_sqrt_dk:C` (C/√d_k; C = 1 is
+`inv_sqrt_dk` itself, `scale_ablation.model.scale_family`) over a ×2 grid of C, each (d_k, C)
+over its own ×2 LR grid of three points around the centre the CPU studies located for 1/√d_k,
+so that every C is taken at its own best LR (`analysis/exponent.py`). If the best scale is
+∝ d_k^α, the best C is ∝ d_k^(α + 1/2): C* flat in d_k means 1/√d_k is right (α = −1/2);
+C* ∝ d_k^(−1/2) means 1/d_k (α = −1, μP); C* ∝ d_k^(1/2) means no divisor (α = 0). Both inits:
+`fan_in` gives q and k unit-variance entries at every d_k (the article's premise), `gpt2` (std
+0.02) gives them std 0.02·√d_model, so its logits start ~20× smaller at every C. Scalar policies
+share one compiled program, so the C values and LRs of one (init, d_k, seed) train as one
+vmapped ensemble (on a CPU that saves compilation and start-up, not arithmetic).
+
+Two budgets: each run is evaluated halfway (`train.eval_every` = steps / 2) and at the end; the
+report's rows carry the halfway validation bits per byte (`val_bpb_at_half_steps`), and the claim
+`ExponentShift` compares α at the two. A halfway snapshot is not a run of half the budget (the
+cosine schedule has not decayed there): read it as "α early in training".
+
+Refinement. A C* on its grid's edge, or a best C whose LR sat on its LR grid's edge, is a bound
+and leaves the claim inconclusive; claims.md then names the C to add (`optimum.refine_points`).
+Add it to `WIDER_C` (or the LR to `WIDER_LR`) and rerun the sweep command: only the new points
+run.
+
+Variants and budget:
+- `cpu` (2 cores): d_model 128, 2 layers, 4 heads of value width 32, d_k = qk_dim 8…256 (6
+  values), C ∈ {1/4 … 8} (6), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 648 runs of 300
+  steps × 16 × 64 bytes (2.4% of a pass over the plays each). Measured on the shared 2-core
+  machine at load ~8 (this process got about a third of one core's share): 0.47 s/step at d_k 8
+  and 1.7 s/step at d_k 256 for the base cpu model's 16 × 128 batch; see the README of
+  experiments/results/dk_exponent_cpu for the measured wall time of the whole sweep.
+- default (one accelerator): d_model 512, 4 layers, 8 heads of value width 64, d_k 16…1024 (7),
+  C ∈ {1/4 … 8}, 3 LRs ×2 around 3e-3, 3 seeds, both inits, 2000 steps × 64 × 512 bytes of
+  WikiText-103 (the `gpu` base variant's local copy). `--plan --device=H200` gives its cost.
+- `quick` (tests): d_model 32, 2 heads, d_k {8, 32}, C {1/2, 1, 2}, two LRs, one seed, one init,
+  a few seconds a run.
+"""
+
+from experiments import base
+from scale_ablation.analysis import claims as claims_lib
+from scale_ablation.analysis import exponent
+from scale_ablation.model import scale_family
+
+INITS = ("fan_in", "gpt2")
+# model: (d_model, heads, layers); data: (steps, batch, seq_len); grids: q/k dims, C, LRs, seeds.
+SIZES = {
+    "quick": ((32, 2, 1), (20, 4, 32), (8, 32), (0.5, 1.0, 2.0), (4e-3, 8e-3), (0,), ("fan_in",)),
+    "cpu": ((128, 4, 2), (400, 16, 64), (8, 16, 32, 64, 128, 256),
+            tuple(2.0**k for k in range(-2, 3)), (2.5e-3, 5e-3, 1e-2), (0, 1, 2), INITS),
+    None: ((512, 8, 4), (2000, 64, 512), tuple(16 * 2**k for k in range(7)),
+           tuple(2.0**k for k in range(-2, 4)), base.lr_grid_around(3e-3, points=3),
+           base.ACCELERATOR_SEEDS, INITS),
+}
+# Points added after a first pass, where a C* or an LR sat on its grid's edge:
+# (init, qk_dim) -> extra C; (init, qk_dim, C) -> extra LRs. Empty until the first report.
+WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {}
+WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {}
+
+
+def get_config(arg: str | None = None):
+    base.check_variant(__file__, arg, ("quick", "cpu"))
+    (d_model, heads, layers), (steps, batch, seq_len), *_ = SIZES[arg]
+    config = base.get_config({None: "gpu"}.get(arg, arg))
+    config.wandb.tags = ("dk_exponent",)
+    m, t = config.model, config.train
+    m.d_model, m.num_heads, m.num_layers, m.head_dim = d_model, heads, layers, d_model // heads
+    config.data.seq_len, t.steps, t.batch_size = seq_len, steps, batch
+    config.data.val_batches = 2 if arg == "quick" else 8  # cpu: 8 KB, as the base cpu's
+    t.warmup_steps = max(steps // 20, 1)
+    # Two evaluations, halfway and at the end: the two budgets α is compared at.
+    t.log_every, t.eval_every, t.diag_every = max(steps // 10, 1), steps // 2, steps // 2
+    config.checkpoint.every = steps
+    # jax.nn.dot_product_attention needs one head width for q, k and v; q/k apart from v
+    # (`model.qk_dim`) reach it only on the reference path (the fused one raises today).
+    m.attention_impl = "reference"
+    # Validation chooses the LR and C*; a 16 KiB test split (CPU) keeps its one scoring cheap.
+    config.data.test_bytes = {"quick": 0, "cpu": 16 * 1024}.get(arg, 256 * 1024)
+    return config
+
+
+def policy_of(c: float) -> str:
+    """C/√d_k's spec: C = 1 is `inv_sqrt_dk`, so those runs keep the name every study uses."""
+    return "inv_sqrt_dk" if c == 1 else f"{scale_family.NAME}:{c:g}"
+
+
+def sweep(arg: str | None = None) -> list[dict]:
+    _, _, qk_dims, cs, lrs, seeds, inits = SIZES[arg]
+    points = []
+    for init in inits:
+        for qk_dim in qk_dims:
+            for c in base.lr_grid_for((init, qk_dim), cs, WIDER_C):
+                points += [{"policy": policy_of(c), "model.qk_dim": qk_dim, "model.init": init,
+                            "train.lr": float(f"{lr:.3g}"), "train.seed": seed}
+                           for lr in base.lr_grid_for((init, qk_dim, c), lrs, WIDER_LR)
+                           for seed in seeds]
+    return points
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    """Per init: α within −1/2 ± 0.25 (closer to −1/2 than to −1 or 0), and α the same early
+    and at the end within ±0.25."""
+    out = []
+    for init in SIZES[arg][-1]:
+        out.append(claims_lib.Claim(
+            f"The optimal scale is ∝ d_k^(−1/2) ({init} init)", exponent.Exponent(init),
+            source="article §2.3"))
+        out.append(claims_lib.Claim(
+            f"The optimal scale's exponent is the same halfway through training and at the end "
+            f"({init} init)", exponent.ExponentShift(init), source="issue 29"))
+    return out

@@ -1,0 +1,146 @@
+"""The exponent study's figures (experiments/dk_exponent.py; the fit is `analysis.exponent`):
+
+- `loss_vs_c.png`: the validation metric against c, a panel per d_k, a line per init, each c at
+  its own best LR (mean over seeds, 95% CI bars where n >= 2), the located c* marked, the count
+  baselines drawn as every report draws them;
+- `c_star_vs_dk.png`: log c* against log d_k per init with its bootstrap CI, the fitted line, and
+  the three reference slopes through the fit's centre: 0 (the best scale ∝ 1/√d_k), −1/2 (1/d_k)
+  and +1/2 (no divisor).
+
+`figures(rows)` returns both when the rows hold the c·d_k^(-1/2) family at two c or more, else
+nothing; the report's `plots.row_plots` adds them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from scale_ablation.analysis import exponent, stats
+from scale_ablation.analysis import plot_style as look
+from scale_ablation.analysis.plot_groups import Grid
+from scale_ablation.model import scale_family
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per init
+REFERENCES = ((0.0, "slope 0: 1/√d_k (α = −1/2)", "0.3", "--"),
+              (-0.5, "slope −1/2: 1/d_k (α = −1)", "0.3", ":"),
+              (0.5, "slope +1/2: no divisor (α = 0)", "0.3", "-."))
+
+
+def _keys() -> look.Keys:
+    return look.Keys(look.Style({}, {}))  # marks only: colours here are inits, not policies
+
+
+def _inits(rows: list[dict]) -> list[str]:
+    return list(dict.fromkeys(exponent.init_of(r) for r in rows
+                              if scale_family.multiplier(r["policy"]) is not None))
+
+
+def _draw_curve(ax, curve: exponent.CCurve, colour: str) -> None:
+    means, halves = [], []
+    for i in range(len(curve.cs)):
+        values = [v[i] for v in curve.losses_by_seed.values() if v[i] is not None]
+        estimate = stats.mean_ci(values) if values else None
+        means.append(np.nan if estimate is None else estimate.mean)
+        halves.append(0.0 if estimate is None or estimate.n < 2 else estimate.half_width)
+    ax.errorbar(curve.cs, means, yerr=halves, color=colour, marker="o", markersize=3,
+                capsize=2, linewidth=1.2)
+
+
+def plot_loss_vs_c(rows: list[dict], key: str = "final_val_bpb") -> Figure | None:
+    curves = {init: exponent.c_curves(rows, init, key) for init in _inits(rows)}
+    d_ks = sorted({d for by_dk in curves.values() for d in by_dk})
+    if not d_ks:
+        return None
+    grid = Grid(tuple(d_ks), (None,))
+    if len(d_ks) > 4:  # wrap: at most four panels a row
+        grid = Grid((None,), tuple(f"d_k = {d}" for d in d_ks))
+    fig, axes = look.panels(grid, sharey=True)
+    keys, used = _keys(), set()
+    for k, (init, by_dk) in enumerate(curves.items()):
+        colour = COLOURS[k % len(COLOURS)]
+        keys.mark(f"{init} init", color=colour, marker="o")
+        for d_k, curve in by_dk.items():
+            i, j = grid.index(f"d_k = {d_k}", d_k) if grid.wrapped else grid.index(None, d_k)
+            ax, _ = axes[i][j], used.add((i, j))
+            _draw_curve(ax, curve, colour)
+            if (found := exponent.locate(curve, n_boot=0)) is not None:
+                ax.axvline(found.lr_star, color=colour, linewidth=0.8, alpha=0.6)
+    keys.mark("c* (located)", color="0.4", linewidth=0.8)
+    for i, j in used:
+        ax = axes[i][j]
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"d_k = {d_ks[i * grid.shape[1] + j] if grid.wrapped else d_ks[j]}",
+                     fontsize=9)
+        look.baselines(ax, rows, "bpb", keys, corner="left")
+    look.axis_labels(axes, used, "c  (scale = c / √d_k)", "final validation bits per byte, "
+                     "each c at its best LR")
+    n = max((len(c.losses_by_seed) for by in curves.values() for c in by.values()), default=1)
+    return look.finish(fig, axes, used, keys, f"mean over seeds (n = {n})"
+                       + ("\n95% CI where n ≥ 2" if n > 1 else ""))
+
+
+def _fit_line(ax, found: exponent.ExponentFit, colour: str) -> tuple[float, float] | None:
+    d_ks = sorted(found.optima)
+    stars = [found.optima[d].lr_star for d in d_ks]
+    low = [s - (found.optima[d].lr_ci or (s, s))[0] for d, s in zip(d_ks, stars, strict=True)]
+    high = [(found.optima[d].lr_ci or (s, s))[1] - s for d, s in zip(d_ks, stars, strict=True)]
+    ax.errorbar(d_ks, stars, yerr=[low, high], color=colour, marker="o", linestyle="none",
+                capsize=2)
+    edges = [d for d in d_ks if d in found.unsettled]
+    ax.plot(edges, [found.optima[d].lr_star for d in edges], "x", color=colour, markersize=9)
+    if found.slope is None:
+        return None
+    x = np.log(np.array(found.settled, dtype=float))
+    y = np.log(np.array([found.optima[d].lr_star for d in found.settled]))
+    centre = (float(x.mean()), float(y.mean()))
+    span = np.array([min(d_ks), max(d_ks)], dtype=float)
+    ax.plot(span, np.exp(centre[1] + found.slope * (np.log(span) - centre[0])), color=colour)
+    return centre
+
+
+def _references(ax, centre: tuple[float, float], d_ks: list[int], keys: look.Keys) -> None:
+    """The three candidate slopes through the fit's centre (mean log d_k, mean log c*)."""
+    span = np.array([min(d_ks), max(d_ks)], dtype=float)
+    for slope, label, colour, style in REFERENCES:
+        ax.plot(span, np.exp(centre[1] + slope * (np.log(span) - centre[0])), color=colour,
+                linestyle=style, linewidth=1)
+        keys.mark(label, color=colour, linestyle=style)
+
+
+def plot_c_star(rows: list[dict], key: str = "final_val_bpb") -> Figure | None:
+    """A panel per init: c* per d_k with its CI, the fit, and the references through its centre."""
+    fits = [f for init in _inits(rows) if (f := exponent.fit(rows, init, key, n_boot=200)).optima]
+    if not fits:
+        return None
+    fig, axes = look.panels(Grid(tuple(range(len(fits))), (None,)), sharey=True)
+    keys, d_ks = _keys(), sorted({d for f in fits for d in f.optima})
+    for k, found in enumerate(fits):
+        ax, colour = axes[0][k], COLOURS[k % len(COLOURS)]
+        keys.mark("c* (95% bootstrap CI) and the OLS fit", color="0.2", marker="o")
+        if (centre := _fit_line(ax, found, colour)) is not None:
+            _references(ax, centre, d_ks, keys)
+        if found.unsettled:
+            keys.mark("x: c* not a location (grid edge)", color="0.2", marker="x",
+                      linestyle="none")
+        alpha = ("no fit" if found.alpha is None else f"α = {found.alpha:+.2f} "
+                 + ("" if found.alpha_ci is None else
+                    f"[{found.alpha_ci[0]:+.2f}, {found.alpha_ci[1]:+.2f}]"))
+        ax.set_title(f"{found.init} init: {alpha}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(d_ks, [str(d) for d in d_ks], fontsize=7)
+        ax.minorticks_off()
+    used = {(0, k) for k in range(len(fits))}
+    look.axis_labels(axes, used, "d_k (q/k width per head)", "c*: the best c of c / √d_k")
+    n = max(f.n_seeds for f in fits)
+    return look.finish(fig, axes, used, keys, f"n = {n} seeds per point")
+
+
+def figures(rows: list[dict]) -> dict[str, Figure]:
+    """The study's two figures, or {} when the rows hold fewer than two c of the family."""
+    cs = {scale_family.multiplier(r["policy"]) for r in rows} - {None}
+    if len(cs) < 2:
+        return {}
+    out = {"loss_vs_c.png": plot_loss_vs_c(rows), "c_star_vs_dk.png": plot_c_star(rows)}
+    return {name: fig for name, fig in out.items() if fig is not None}

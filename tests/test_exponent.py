@@ -1,0 +1,173 @@
+"""The exponent fit (`analysis.exponent`) on synthetic rows whose best c is known: c* = c0·d_k^k,
+so the slope of log c* on log d_k is k and α = k − 1/2. The losses are exact parabolas in log c
+and log lr (plus seed noise), so the located c* are checked against the true ones, the slope
+and its t interval against scipy.stats.linregress, and the verdicts against the known α."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from experiments import dk_exponent
+from scale_ablation.analysis import exponent, exponent_plots, optimum
+from scale_ablation.analysis import plot_style as look
+from scale_ablation.analysis.verdicts import judge_family
+from scale_ablation.model import policies, scale_family
+
+D_KS = (8, 16, 32, 64, 128, 256)
+CS = tuple(2.0**k for k in range(-5, 6))  # wide enough to bracket c* for k in [-1/2, 1/2]
+LRS = (2.5e-3, 5e-3, 1e-2)
+LR_STAR = 5e-3
+
+
+def synthetic_rows(k: float, *, c0: float = 1.0, seeds=(0, 1, 2), noise: float = 0.0,
+                   init: str = "fan_in", key: str = "final_val_bpb", cs=CS,
+                   early_k: float | None = None, rng_seed: int = 0) -> list[dict]:
+    """One row per (d_k, c, lr, seed): loss = 2.5 + 0.05·ln²(c/c*) + log10²(lr/lr*) + noise,
+    with c* = c0·d_k^k; the early key has its own exponent `early_k`."""
+    rng = np.random.default_rng(rng_seed)
+    rows = []
+    for d_k in D_KS:
+        for c in cs:
+            for lr in LRS:
+                for seed in seeds:
+                    row = {"policy": dk_exponent.policy_of(c), "d_k": d_k, "lr": lr,
+                           "seed": seed, "status": "completed",
+                           "override:model.init": init, "baseline_bigram_bpb": 3.6,
+                           "baseline_unigram_bpb": 4.9}
+                    for name, power in ((key, k), (exponent.EARLY_KEY, early_k)):
+                        if power is None:
+                            continue
+                        star = c0 * d_k**power
+                        row[name] = (2.5 + 0.05 * math.log(c / star) ** 2
+                                     + 1.0 * math.log10(lr / LR_STAR) ** 2
+                                     + noise * rng.standard_normal())
+                    rows.append(row)
+    return rows
+
+
+def test_the_family_is_c_over_sqrt_dk_and_shares_one_program():
+    for c in (0.25, 3.0):
+        policy = policies.get(f"c_inv_sqrt_dk:{c:g}")
+        assert policy.base_scale(64) == pytest.approx(c / 8)
+        assert policy == policies.get("inv_sqrt_dk") == policies.get("const:0.1")
+    assert scale_family.multiplier("inv_sqrt_dk") == 1.0
+    assert scale_family.multiplier("c_inv_sqrt_dk:0.5") == 0.5
+    assert scale_family.multiplier("inv_dk") is None
+    with pytest.raises(ValueError, match="c_inv_sqrt_dk"):
+        policies.get("c_inv_sqrt_dk:-1")
+
+
+@pytest.mark.parametrize("k", [0.0, -0.5, 0.5, 0.3])
+def test_noise_free_c_star_and_slope_are_exact(k):
+    rows = synthetic_rows(k, c0=1.3)
+    found = exponent.fit(rows, "fan_in", n_boot=20)
+    for d_k, o in found.optima.items():
+        # An exact parabola in log c: its vertex through any three points is the true c*.
+        assert o.lr_star == pytest.approx(1.3 * d_k**k, rel=1e-9)
+    assert not found.unsettled
+    assert found.slope == pytest.approx(k, abs=1e-9)
+    assert found.alpha == pytest.approx(k - 0.5, abs=1e-9)
+
+
+def test_each_c_is_taken_at_its_own_best_lr():
+    curve = exponent.c_curves(synthetic_rows(0.0), "fan_in")[32]
+    assert set(curve.best_lrs) == {LR_STAR}
+    assert not any(curve.lr_edges)
+
+
+def test_slope_and_t_interval_match_scipy_linregress():
+    rows = synthetic_rows(0.2, noise=0.01, rng_seed=3)
+    found = exponent.fit(rows, "fan_in", n_boot=100)
+    d_ks = found.settled
+    reference = scipy_stats.linregress(np.log(d_ks), np.log([found.optima[d].lr_star
+                                                               for d in d_ks]))
+    assert found.slope == pytest.approx(reference.slope, rel=1e-9)
+    half = scipy_stats.t.ppf(0.975, len(d_ks) - 2) * reference.stderr
+    assert found.slope_ci_t == pytest.approx((reference.slope - half, reference.slope + half),
+                                             rel=1e-6)
+    boot = found.slope_ci_bootstrap
+    assert boot[0] < found.slope < boot[1]
+    assert found.slope_ci == (min(boot[0], found.slope_ci_t[0]), max(boot[1], found.slope_ci_t[1]))
+
+
+def test_the_union_interval_covers_the_true_slope_in_most_trials():
+    covered = 0
+    trials = 20
+    for trial in range(trials):
+        found = exponent.fit(synthetic_rows(0.0, noise=0.01, rng_seed=100 + trial), "fan_in",
+                             n_boot=100, seed=trial)
+        low, high = found.slope_ci
+        covered += low <= 0.0 <= high
+    assert covered >= 0.8 * trials, covered
+
+
+@pytest.mark.parametrize(("k", "verdict"), [(0.0, "supported"), (-0.5, "contradicted"),
+                                            (0.5, "contradicted")])
+def test_the_exponent_rule_on_known_exponents(k, verdict):
+    rows = synthetic_rows(k, noise=0.003)
+    result = exponent.Exponent("fan_in").judge(rows)
+    assert result.verdict == verdict, result
+    assert any("α =" in line for line in result.numbers)
+
+
+def test_a_c_star_beyond_the_grid_is_a_bound_and_names_the_next_c():
+    rows = synthetic_rows(0.0, c0=8.0, cs=(0.5, 1.0, 2.0, 4.0))  # c* = 8: above the grid
+    found = exponent.fit(rows, "fan_in", n_boot=10)
+    assert set(found.unsettled) == set(D_KS)
+    assert optimum.refine_points((0.5, 1.0, 2.0, 4.0), [3.0, 2.0, 1.0, 0.5]) == [8.0]
+    assert "run c = 8" in found.unsettled[8]
+    assert exponent.Exponent("fan_in").judge(rows).verdict == "inconclusive"
+
+
+def test_one_seed_leaves_the_exponent_inconclusive():
+    rows = synthetic_rows(0.0, seeds=(0,))
+    assert exponent.Exponent("fan_in").judge(rows).verdict == "inconclusive"
+
+
+@pytest.mark.parametrize(("early_k", "verdict"), [(0.0, "supported"), (-0.5, "contradicted")])
+def test_the_shift_rule_compares_alpha_at_two_budgets(early_k, verdict):
+    rows = synthetic_rows(0.0, early_k=early_k, noise=0.003)
+    result = exponent.ExponentShift("fan_in").judge(rows)
+    assert result.verdict == verdict, result
+
+
+def test_the_rules_are_judged_in_the_study_family_by_themselves():
+    rows = synthetic_rows(0.0, noise=0.003, early_k=0.0)
+    verdicts = judge_family([c for c in dk_exponent.claims("cpu") if "fan_in" in c.text], rows)
+    assert [v.verdict for v in verdicts] == ["supported", "supported"]
+
+
+def test_an_init_is_fitted_on_its_own_rows():
+    rows = synthetic_rows(0.0, init="fan_in") + synthetic_rows(0.5, init="gpt2")
+    assert exponent.fit(rows, "fan_in", n_boot=0).slope == pytest.approx(0.0, abs=1e-9)
+    assert exponent.fit(rows, "gpt2", n_boot=0).slope == pytest.approx(0.5, abs=1e-9)
+
+
+def test_the_experiment_grid_is_the_design():
+    points = dk_exponent.sweep("cpu")
+    qk = sorted({p["model.qk_dim"] for p in points})
+    assert len(qk) >= 5 and qk[0] == 8 and qk[-1] == 256
+    cs = sorted({scale_family.multiplier(p["policy"]) for p in points})
+    assert all(b / a == 2 for a, b in itertools.pairwise(cs))
+    assert {p["model.init"] for p in points} == {"fan_in", "gpt2"}
+    assert len({p["train.seed"] for p in points}) >= 3
+    assert len({p["train.lr"] for p in points}) >= 3
+    config = dk_exponent.get_config("cpu")
+    assert config.model.num_heads >= 4
+    assert config.model.head_dim * config.model.num_heads == config.model.d_model
+    assert (config.train.steps // 2) % config.train.eval_every == 0  # the halfway evaluation
+
+
+def test_figures_are_drawn_from_synthetic_rows(tmp_path):
+    rows = synthetic_rows(0.0, noise=0.003) + synthetic_rows(-0.5, noise=0.003, init="gpt2")
+    figures = exponent_plots.figures(rows)
+    assert set(figures) == {"loss_vs_c.png", "c_star_vs_dk.png"}
+    for name, fig in figures.items():
+        look.save(fig, str(tmp_path / name))
+        assert (tmp_path / name).stat().st_size > 10_000
+    assert exponent_plots.figures(synthetic_rows(0.0, cs=(1.0,))) == {}
