@@ -31,14 +31,20 @@ run.
 
 Variants and budget:
 - `cpu` (2 cores): d_model 128, 2 layers, 4 heads of value width 32, d_k = qk_dim 8…256 (6
-  values), C ∈ {1/4 … 8} (6), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 648 runs of 300
-  steps × 16 × 64 bytes (2.4% of a pass over the plays each). Measured on the shared 2-core
-  machine at load ~8 (this process got about a third of one core's share): 0.47 s/step at d_k 8
-  and 1.7 s/step at d_k 256 for the base cpu model's 16 × 128 batch; see the README of
-  experiments/results/dk_exponent_cpu for the measured wall time of the whole sweep.
+  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs of 400
+  steps × 16 × 64 bytes (0.085 passes over the plays each; a first run at 300 steps of c = 1,
+  LR 5e-3, d_k 32 ended only 0.30 (fan_in) and 0.36 (gpt2) bits per byte below the bigram line,
+  too close to the 0.3 the study must clear). Budget: 7.3e14 train FLOPs (`--plan`). Measured
+  for 50 steps of this config on the shared 2-core machine at load 4-5 (the run got one core):
+  0.085 s/step at d_k 8, 0.10 at d_k 64, 0.19 at d_k 256, ~30 GFLOP/s throughout, so about 7 h
+  at that load and about 3.5-4.5 h on an idle machine (two cores; compilation and start-up
+  are shared in the one sweep process). `--plan` (no throughput table for CPUs: 40% of a
+  measured matmul peak) says 6.5-7.1 h depending on the peak it measures.
 - default (one accelerator): d_model 512, 4 layers, 8 heads of value width 64, d_k 16…1024 (7),
-  C ∈ {1/4 … 8}, 3 LRs ×2 around 3e-3, 3 seeds, both inits, 2000 steps × 64 × 512 bytes of
-  WikiText-103 (the `gpu` base variant's local copy). `--plan --device=H200` gives its cost.
+  C ∈ {1/4 … 8} (6), 3 LRs ×2 around 3e-3, 3 seeds, both inits: 756 runs of 2000 steps × 64 ×
+  512 bytes of WikiText-103 (0.12 passes; the `gpu` base variant's local copy), on the
+  reference attention path. `--plan --device=H200`: 6.3e18 train FLOPs, 5.2 device-hours at
+  the planner's assumed 40% MFU.
 - `quick` (tests): d_model 32, 2 heads, d_k {8, 32}, C {1/2, 1, 2}, two LRs, one seed, one init,
   a few seconds a run.
 """
@@ -76,7 +82,9 @@ def get_config(arg: str | None = None):
     t.warmup_steps = max(steps // 20, 1)
     # Two evaluations, halfway and at the end: the two budgets α is compared at.
     t.log_every, t.eval_every, t.diag_every = max(steps // 10, 1), steps // 2, steps // 2
-    config.checkpoint.every = steps
+    # Halfway too: a sweep trains each (init, d_k) as one ensemble of every C, LR and seed, and
+    # an interrupted ensemble resumes from its last checkpoint.
+    config.checkpoint.every = steps // 2
     # jax.nn.dot_product_attention needs one head width for q, k and v; q/k apart from v
     # (`model.qk_dim`) reach it only on the reference path (the fused one raises today).
     m.attention_impl = "reference"

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from scale_ablation.analysis import plot_style as look
 from scale_ablation.analysis.verdicts import judge_family
 from scale_ablation.model import policies, scale_family
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 D_KS = (8, 16, 32, 64, 128, 256)
 CS = tuple(2.0**k for k in range(-5, 6))  # wide enough to bracket c* for k in [-1/2, 1/2]
 LRS = (2.5e-3, 5e-3, 1e-2)
@@ -171,3 +175,25 @@ def test_figures_are_drawn_from_synthetic_rows(tmp_path):
         look.save(fig, str(tmp_path / name))
         assert (tmp_path / name).stat().st_size > 10_000
     assert exponent_plots.figures(synthetic_rows(0.0, cs=(1.0,))) == {}
+
+
+def test_quick_sweep_runs_end_to_end_and_reports_the_exponent(tmp_path):
+    """The quick grid trains (q/k width apart from v, every C of a d_k in one ensemble), its
+    rows carry d_k = qk_dim and the halfway evaluation, and the report draws and judges it."""
+    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep",
+                             f"--config={REPO}/experiments/dk_exponent.py:quick",
+                             f"--workdir={tmp_path}"], capture_output=True, text=True, cwd=REPO,
+                            timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ensemble of" in result.stdout
+    from scale_ablation import report
+    rows = [report.summarise_run(run) for run in report.load_runs(str(tmp_path))]
+    assert len(rows) == len(dk_exponent.sweep("quick"))
+    assert {r["d_k"] for r in rows} == {8, 32}
+    assert all(r["status"] == "completed" and r[exponent.EARLY_KEY] is not None for r in rows)
+    assert all(r["final_logit_std"] is not None for r in rows)
+    assert {8, 32} == set(exponent.c_curves(rows, "fan_in"))
+    out = tmp_path / "report"
+    assert (out / "loss_vs_c.png").exists() and (out / "c_star_vs_dk.png").exists()
+    claims_md = (out / "claims.md").read_text()
+    assert "The optimal scale is ∝ d_k^(−1/2) (fan_in init)" in claims_md
