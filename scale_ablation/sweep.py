@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
 
@@ -351,7 +351,10 @@ def process_env(slot: int, gpus: list[str]) -> dict[str, str]:
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
                      parallel: int, outcomes: dict[str, str] | None = None,
-                     run_flags: RunFlags = RunFlags()) -> bool:
+                     run_flags: RunFlags = RunFlags(),
+                     before_start: Callable[[Point], None] | None = None) -> bool:
+    """Run `todo` in `parallel` processes; False if preempted. `before_start(point)` runs
+    just before a point's process starts (the sweep hands over its run directory's lock)."""
     pending, running = list(todo), {}
     free_slots, gpus = list(range(parallel)), visible_gpus()
     preempted = False
@@ -359,6 +362,8 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
         while pending or running:
             while pending and free_slots and not preempted:
                 point, slot = pending.pop(0), free_slots.pop(0)
+                if before_start is not None:
+                    before_start(point)
                 log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
                 process = subprocess.Popen(command(spec, sweep_dir, point, run_flags),
                                            stdout=log,
@@ -446,13 +451,48 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        return _run_sweep(sweep_dir, points, todo, imports, extra_hooks)
+        owned = hold_runs(sweep_dir, todo)
+    except ConfigError as error:
+        lock.release(remove_created=True)
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    try:
+        return _run_sweep(sweep_dir, points, todo, imports, extra_hooks, owned)
     finally:
+        for run_lock in owned.values():
+            run_lock.release(remove_created=True)  # a run never started leaves no directory
         lock.release()
 
 
+def _hand_over(owned: dict[str, locking.DirectoryLock]) -> Callable[[Point], None]:
+    """Release a point's run directory lock, for the process about to train it (and the
+    directory, if the sweep made it: a run its process refuses leaves nothing)."""
+    def release(point: Point) -> None:
+        run_lock = owned.pop(point.name, None)
+        if run_lock is not None:
+            run_lock.release(remove_created=True)
+    return release
+
+
+def hold_runs(sweep_dir: str, todo: list[Point]) -> dict[str, locking.DirectoryLock]:
+    """Run name -> the held lock of its directory, for every run the sweep is to train, all or
+    none (DirectoryBusyError naming a busy one): from now on a `main` there is refused. The
+    in-process runs re-enter these locks; a `--parallel` run's is handed to its process."""
+    held: dict[str, locking.DirectoryLock] = {}
+    try:
+        for point in todo:
+            held[point.name] = locking.DirectoryLock(
+                os.path.join(sweep_dir, point.name)).acquire()
+    except ConfigError:
+        for run_lock in held.values():
+            run_lock.release(remove_created=True)
+        raise
+    return held
+
+
 def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
-               imports: tuple[str, ...], extra_hooks: Sequence[hooks.Periodic]) -> int:
+               imports: tuple[str, ...], extra_hooks: Sequence[hooks.Periodic],
+               owned: dict[str, locking.DirectoryLock] | None = None) -> int:
     """Train `todo`, write sweep.json and the report; the sweep's exit code."""
     jsonfiles.remove_leftover_temporaries(sweep_dir)
     runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
@@ -473,8 +513,9 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
                                           compile_ahead=_COMPILE_AHEAD.value)
             print(f"[sweep] {compile_log.line()}", flush=True)
         else:
-            complete = run_in_processes(_CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value,
-                                        outcomes, _run_flags(imports))
+            complete = run_in_processes(
+                _CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value, outcomes,
+                _run_flags(imports), before_start=_hand_over(owned or {}))
     finally:
         sweep_file.write(outcomes)
     if not complete:

@@ -9,6 +9,7 @@ uninterrupted run of the same config.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 
@@ -246,3 +247,26 @@ def test_a_sweep_on_a_full_disk_exits_4_naming_its_incomplete_runs(small_disk, t
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     statuses = {r["status"] for r in read_json(disk / "sweep" / "sweep.json")["runs"]}
     assert statuses == {"completed"}
+
+
+# ------------------------------------------------ 9. a sweep holds the run directories it owns
+
+
+def test_a_running_sweeps_run_directories_refuse_a_main(tmp_path, uninterrupted):
+    """From the moment a sweep plans its runs it holds their directories: a `main` on one it
+    has not reached is refused naming the sweep's process, while the sweep's own in-process
+    training of it re-enters the lock."""
+    sweep_dir = tmp_path / "sweep"
+    points = [sweep.Point(f"seed={seed}", {}, tiny_config(**{"train.seed": seed}))
+              for seed in (0, 1)]
+    owned = sweep.hold_runs(str(sweep_dir), points)
+    try:
+        line = one_error_line(run_module("main", *main_args(sweep_dir / "seed=0")))
+        assert "in use by" in line and f"PID {os.getpid()}" in line
+        assert train.train(points[0].config, sweep_dir / "seed=0")["status"] == "completed"
+    finally:
+        for run_lock in owned.values():
+            run_lock.release(remove_created=True)
+    assert not (sweep_dir / "seed=1").exists()  # never started: no directory left
+    assert results(read_json(sweep_dir / "seed=0" / "summary.json")) == results(
+        uninterrupted[0])

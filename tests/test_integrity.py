@@ -378,7 +378,7 @@ def test_an_unreachable_wandb_server_turns_later_runs_offline(tmp_path, monkeypa
 
 BAD = {
     "workdir is a file": ({}, "is a file"),
-    "inv_log_dk at head_dim=1": ({"policy": "inv_log_dk", "model.head_dim": 1}, "model.head_dim=1"),
+    "inv_log_dk at head_dim=1": ({"policy": "inv_log_dk", "model.head_dim": 1}, "d_k=1"),
     "wandb.mode=onlin": ({"wandb.mode": "onlin"}, "wandb.mode"),
 }
 

@@ -3,6 +3,10 @@
 `flock` on `DIR/.lock`: the kernel releases it when its holder exits, however it exits, so a
 SIGKILL leaves no stale lock to clean up. The file names the holder (PID and host) for the
 message a second writer gets.
+
+Within one process a held lock is re-entrant: a sweep holds the run directories it owns for its
+whole length, and the runs it trains in-process take the same locks again. (flock itself would
+refuse a second open of the file by the same process.)
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from collections.abc import Iterator, Sequence
 from scale_ablation.errors import ConfigError
 
 LOCK_NAME = ".lock"
+# The locks this process holds, by real path: what the kernel already knows (the flocks), kept
+# so that a second acquire in this process re-enters instead of refusing itself.
+_HELD: dict[str, DirectoryLock] = {}
 
 
 class DirectoryBusyError(ConfigError):
@@ -30,12 +37,17 @@ class DirectoryLock:
         self.path = os.path.join(self.directory, LOCK_NAME)
         self._fd: int | None = None
         self._created_directory = False
+        self._outer: DirectoryLock | None = None  # the lock this one re-entered
 
     def acquire(self) -> DirectoryLock:
         """Take the lock (creating the directory if missing); raise DirectoryBusyError naming the
         holder, having changed nothing, if another process has it."""
         if os.path.exists(self.directory) and not os.path.isdir(self.directory):
             raise ConfigError(f"{self.directory} is a file, not a directory")
+        outer = _HELD.get(os.path.realpath(self.directory))
+        if outer is not None:  # released by its first holder, not by this re-entry
+            self._outer = outer
+            return self
         self._created_directory = not os.path.exists(self.directory)
         os.makedirs(self.directory, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -49,13 +61,18 @@ class DirectoryLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
+        _HELD[os.path.realpath(self.directory)] = self
         return self
 
     def release(self, *, remove_created: bool = False) -> None:
         """Free the lock. `remove_created`: also remove the directory if `acquire` created it
         and nothing else was written there (a run refused after the lock was taken)."""
+        if self._outer is not None:
+            self._outer = None
+            return
         if self._fd is None:
             return
+        _HELD.pop(os.path.realpath(self.directory), None)
         os.close(self._fd)
         self._fd = None
         if remove_created and self._created_directory:

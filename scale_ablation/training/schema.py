@@ -60,6 +60,9 @@ class Field:
             noun = f"a non-empty {noun.removeprefix('a ')}"
         if self.power_of_two:
             noun += " power of two"
+        if self.low == 0 and self.low_open and self.high is None:
+            return noun.replace("a finite", "a positive finite").replace("an integer",
+                                                                        "a positive integer")
         low, high = (self._bound_text(b, config) for b in (self.low, self.high))
         if low is not None and high is not None:
             return (f"{noun} in {'(' if self.low_open else '['}{low}, "
