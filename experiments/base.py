@@ -68,8 +68,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model.init = "fan_in"  # fan_in (Var(q) independent of d_k) | xavier (fan_avg) | gpt2 (0.02)
     model.init_gain = 1.0  # extra gain on the q/k projections (the article's pitfall 1)
     model.logits_dtype = "float32"  # float32 | activation (keep bf16/fp16 logits: pitfall 3)
+    # The two precision switches apart (MaxText's float32_qk_product / float32_logits): the dtype
+    # q·k accumulates and is scaled in, and the dtype entering the softmax; "" = logits_dtype,
+    # which so still sets both (configs written before the split mean what they meant).
+    model.qk_product_dtype = ""  # "" | float32 | activation
+    model.softmax_dtype = ""  # "" | float32 | activation
+    model.qk_dim = 0  # q/k width per head, the d_k policies see; 0 = head_dim (the v width)
     model.attention_dropout = 0.0
     model.attention_impl = "reference"  # reference | fused (jax.nn.dot_product_attention)
+    # μP (README, "μP"): sp | mup, relative to a base width (0: the model's own).
+    model.parametrization = "sp"
+    model.base_d_model = 0
+    model.base_head_dim = 0
+    model.readout_zero_init = False  # mup: an untied readout initialised at zero
 
     config.data = data = ml_collections.ConfigDict()
     data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME[:CONFIG]
@@ -82,12 +93,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (0.008-0.028); the 8 KB validation set's is 0.029. 0 disables it. Not an identity field:
     # runs made before it existed resume (training/run_config.py, NOT_IDENTITY_FIELDS).
     data.test_bytes = 256 * 1024
-    # The two precision switches apart (MaxText's float32_qk_product / float32_logits): the dtype
-    # q·k accumulates and is scaled in, and the dtype entering the softmax; "" = logits_dtype,
-    # which so still sets both (configs written before the split mean what they meant).
-    model.qk_product_dtype = ""  # "" | float32 | activation
-    model.softmax_dtype = ""  # "" | float32 | activation
-    model.qk_dim = 0  # q/k width per head, the d_k policies see; 0 = head_dim (the v width)
     data.mqar_num_pairs = 8  # key/value pairs per MQAR sequence (data.MQAR)
     # MQAR ids, even, <= 8192: keys 1..V/2-1, values V/2..V-1; the model's vocabulary on MQAR.
     # Optional `data.mqar_power_a` (Zoology's 0.01) is set by experiments/mqar.py, not here, so

@@ -7,7 +7,7 @@ The layers, bottom to top (a module may import its own layer and those below it)
 
 `data` and `model` are independent of each other. The commands are the modules directly in
 `scale_ablation/` besides `errors.py`. Imports inside functions count: a lazy import is still an
-arrow. Only `scale_ablation.*` imports are read; the test parses the files, so it sees what the
+arrow; imports under `if TYPE_CHECKING:` do not (they exist for annotations only). Only `scale_ablation.*` imports are read; the test parses the files, so it sees what the
 code says rather than what happened to be imported.
 """
 
@@ -51,7 +51,12 @@ def imported(path: pathlib.Path, module: str) -> set[str]:
     `scale_ablation.x.y` when that is a module, else `scale_ablation.x`)."""
     known = modules()
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                 and ast.unparse(block.test).endswith("TYPE_CHECKING") for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:  # `if TYPE_CHECKING:` imports: annotations, not arrows
+            continue
         if isinstance(node, ast.Import):
             out |= {alias.name for alias in node.names if alias.name.startswith("scale_ablation")}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from scale_ablation.model import policies
 from scale_ablation.model.policies import Params, ScalePolicy, _identity_qk, _no_params
 
 # The logit stages B may fill, with how a refusal names them.
@@ -91,3 +92,6 @@ def _compose_functions(first: ScalePolicy, second: ScalePolicy) -> ScalePolicy:
         learned_values=learned_values if nested else None,
         qk_clip=first.qk_clip,
     )
+
+
+policies.register_composer(compose)

@@ -1,4 +1,10 @@
-"""A small decoder-only byte-level language model in Flax NNX."""
+"""A small decoder-only byte-level language model in Flax NNX.
+
+Under `model.parametrization=mup` the token embedding's std and the readout's multiplier follow
+μP's width rules (`scale_ablation.model.parametrization`); under `sp` neither is touched.
+`LanguageModel.coordinates` gives the mean |activation| of each family a coordinate check
+follows (`scale_ablation.training.coord`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scale_ablation.model import policies
+from scale_ablation.model import parametrization, policies
 from scale_ablation.model.attention import SelfAttention
 from scale_ablation.model.initializers import gpt2_normal, kernel_init
 from scale_ablation.model.policies import ScalePolicy
@@ -19,12 +25,23 @@ def make_norm(kind: str, d_model: int, dtype, rngs: nnx.Rngs) -> nnx.Module:
     return nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs)  # ModelConfig.check allows these two
 
 
-def embedding_init(init: str) -> dict:
+def embedding_init(model: ModelConfig) -> dict:
     """nnx.Embed's initialiser for the token embedding (also the tied output): GPT-2's N(0, 0.02)
-    under `gpt2`, else nnx's default N(0, 1/d_model)."""
-    if init == "gpt2":
+    under `gpt2`, else nnx's default N(0, 1/d_model); under μP N(0, 1/base_d_model), the base
+    model's at every width (a vector-like parameter)."""
+    if model.init == "gpt2":
         return {"embedding_init": gpt2_normal()}
+    if parametrization.is_mup(model):
+        scale = parametrization.embedding_variance_scale(model)
+        return {"embedding_init": jax.nn.initializers.variance_scaling(
+            scale, "fan_in", "normal", out_axis=0)}  # nnx's default, times `scale`
     return {}
+
+
+# Mean |x| over every entry: the coordinate size a coordinate check follows (mup's
+# `get_coord_data` records x.abs().mean() of each module's output).
+def mean_abs(x: jax.Array) -> jax.Array:
+    return jnp.abs(x.astype(jnp.float32)).mean()
 
 
 class Block(nnx.Module):
@@ -52,16 +69,26 @@ class Block(nnx.Module):
         # finite. A no-op for float32 compute.
         return self.mlp_out(jax.nn.gelu(hidden.astype(jnp.float32)).astype(hidden.dtype))
 
-    def __call__(self, x, *, dropout_key=None, with_diagnostics=False):
+    def __call__(self, x, *, dropout_key=None, with_diagnostics=False, coords=None):
+        """coords: None, or a dict whose lists get this block's mean |attention output| and
+        |MLP output| appended (`LanguageModel.coordinates`)."""
+        def record(name: str, value: jax.Array) -> None:
+            if coords is not None:
+                coords[name].append(mean_abs(value))
+
         if self.post_norm:
             attended, stats = self.attention(x, dropout_key=dropout_key,
                                              with_diagnostics=with_diagnostics)
             x = self.attention_norm(x + attended)
-            return self.mlp_norm(x + self.mlp(x)), stats
+            mlp_out = self.mlp(x)
+            record("attn_output", attended), record("mlp_output", mlp_out)
+            return self.mlp_norm(x + mlp_out), stats
         attended, stats = self.attention(self.attention_norm(x), dropout_key=dropout_key,
                                          with_diagnostics=with_diagnostics)
         x = x + attended
-        return x + self.mlp(self.mlp_norm(x)), stats
+        mlp_out = self.mlp(self.mlp_norm(x))
+        record("attn_output", attended), record("mlp_output", mlp_out)
+        return x + mlp_out, stats
 
 
 class LanguageModel(nnx.Module):
@@ -70,7 +97,7 @@ class LanguageModel(nnx.Module):
     def __init__(self, model: ModelConfig, *, rngs: nnx.Rngs):
         d_model, dtype = model.d_model, model.compute_dtype
         self.embed = nnx.Embed(model.vocab_size, d_model, dtype=dtype, rngs=rngs,
-                               **embedding_init(model.init))
+                               **embedding_init(model))
         self.position_embed = (
             nnx.Embed(model.max_seq_len, d_model, dtype=dtype, rngs=rngs,
                       embedding_init=jax.nn.initializers.normal(0.02))
@@ -81,6 +108,11 @@ class LanguageModel(nnx.Module):
         # Post-norm blocks already end in a norm; a pre-norm stack needs one before the output.
         self.final_norm = (make_norm(model.norm, d_model, dtype, rngs)
                            if model.norm_position == "pre" else None)
+        # μP's zero-initialised readout (mup's MuReadout(readout_zero_init=True)) cannot be the
+        # embedding: untied, [d_model, vocab].
+        self.readout = (nnx.Param(jnp.zeros((d_model, model.vocab_size), jnp.float32))
+                        if model.readout_zero_init else None)
+        self.readout_multiplier = parametrization.readout_multiplier(model)  # static: 1 under sp
 
     def __call__(
         self,
@@ -90,8 +122,27 @@ class LanguageModel(nnx.Module):
         with_diagnostics: bool = False,
     ) -> tuple[jax.Array, list[dict[str, jax.Array]] | None]:
         """tokens [B, T] int -> (logits [B, T, vocab] float32, per-layer attention stats)."""
+        logits, all_stats = self._forward(tokens, dropout_key, with_diagnostics, None)
+        return logits, (all_stats if with_diagnostics else None)
+
+    def coordinates(self, tokens: jax.Array) -> dict[str, jax.Array]:
+        """Mean |x| of each activation family (scalars; the per-layer ones averaged over the
+        layers): `embedding` (token embedding output), `attn_logits` (after the scale, over
+        the keys each query sees), `attn_output`, `mlp_output`, `residual` (the stream after
+        the last block) and `output_logits`."""
+        coords: dict[str, list] = {"attn_output": [], "mlp_output": []}
+        logits, all_stats = self._forward(tokens, None, True, coords)
+        families = {name: jnp.mean(jnp.stack(values)) for name, values in coords.items()
+                    if isinstance(values, list)}
+        logit_sizes = jnp.stack([stats["mean_abs_logit"].mean() for stats in all_stats])
+        return {"embedding": coords["embedding"], "attn_logits": logit_sizes.mean(), **families,
+                "residual": coords["residual"], "output_logits": mean_abs(logits)}
+
+    def _forward(self, tokens, dropout_key, with_diagnostics, coords):
         seq_len = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, C)
+        if coords is not None:
+            coords["embedding"] = mean_abs(x)
         if self.position_embed is not None:
             x = x + self.position_embed(jnp.arange(seq_len))[None]
         layer_keys = (
@@ -100,12 +151,22 @@ class LanguageModel(nnx.Module):
         )
         all_stats = []
         for block, key in zip(self.blocks, layer_keys, strict=True):
-            x, stats = block(x, dropout_key=key, with_diagnostics=with_diagnostics)
+            x, stats = block(x, dropout_key=key, with_diagnostics=with_diagnostics, coords=coords)
             all_stats.append(stats)
+        if coords is not None:
+            coords["residual"] = mean_abs(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
-        logits = self.embed.attend(x).astype(jnp.float32)  # (B, T, vocab)
-        return logits, (all_stats if with_diagnostics else None)
+        return self.readout_logits(x), all_stats
+
+    def readout_logits(self, x: jax.Array) -> jax.Array:
+        """x [B, T, C] -> logits [B, T, vocab] float32: the tied embedding (or the untied
+        zero-initialised readout), its input times μP's 1/m_d (mup's MuReadout.forward)."""
+        if self.readout_multiplier != 1.0:
+            x = x * self.readout_multiplier
+        if self.readout is not None:
+            return jnp.dot(x, self.readout[...].astype(x.dtype)).astype(jnp.float32)
+        return self.embed.attend(x).astype(jnp.float32)  # (B, T, vocab)
 
 
 def build_model(model: ModelConfig, rngs: nnx.Rngs) -> LanguageModel:

@@ -178,10 +178,20 @@ _REGISTRY: dict[str, PolicyFactory] = {}
 ENTRY_POINT_GROUP = "scale_ablation.policies"
 # Built-in policies outside this module, imported on the first lookup (they import this one).
 BUILTIN_MODULES = ("scale_ablation.model.policy_library", "scale_ablation.model.stabilisers",
-                   "scale_ablation.model.scale_family")
+                   "scale_ablation.model.scale_family", "scale_ablation.model.compose")
 # `A+B` composes policies (`scale_ablation.model.compose`); a '+' inside a number (1e+3) does not.
 _COMPOSITION = re.compile(r"\+(?=[A-Za-z_])")
 _installed = {"loaded": False}  # entry points are imported once, on first lookup
+# The `A+B` combiner, set by `compose` when the built-ins load: the registry names its built-in
+# modules and imports them by name, so none of them is imported back from here.
+_composer: list[Callable[[ScalePolicy, ScalePolicy], ScalePolicy]] = []
+
+
+def register_composer(combine: Callable[[ScalePolicy, ScalePolicy], ScalePolicy]) -> None:
+    """Install `combine(first, second)` as what `A+B` means (`compose.compose`; once)."""
+    if _composer:
+        raise ValueError("a policy composer is already registered")
+    _composer.append(combine)
 
 
 def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
@@ -202,7 +212,8 @@ def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
 
 
 def _load_installed() -> None:
-    """Import the modules that installed packages name in the `scale_ablation.model.policies` group.
+    """Import the built-in policy modules, then those installed packages name in the
+    `scale_ablation.policies` entry-point group.
 
     Once per process, on the first `available()` or `get()`; a module that fails to import is
     reported as a ValueError naming the entry point and its package.
@@ -236,9 +247,7 @@ def get(spec: str) -> ScalePolicy:
     _load_installed()
     parts = _COMPOSITION.split(str(spec))
     if len(parts) > 1:
-        from scale_ablation.model import compose  # imports this module
-
-        policy = functools.reduce(compose.compose, [get(part) for part in parts])
+        policy = functools.reduce(_composer[0], [get(part) for part in parts])
         return dataclasses.replace(policy, spec=str(spec))
     name, _, arg = str(spec).partition(":")
     if name not in _REGISTRY:

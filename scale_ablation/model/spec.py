@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from scale_ablation.errors import ConfigError
-from scale_ablation.model import policies
+from scale_ablation.model import parametrization, policies
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 INITS = ("fan_in", "xavier", "gpt2")  # model.init: see initializers.kernel_init
@@ -53,6 +53,12 @@ class ModelConfig:
     attention_impl: str = "reference"
     dtype: str = "float32"
     vocab_size: int = 256
+    # μP (model/parametrization.py): sp | mup, the base shape it is relative to (0: the model's
+    # own) and the readout's zero-initialised, untied option.
+    parametrization: str = "sp"
+    base_d_model: int = 0
+    base_head_dim: int = 0
+    readout_zero_init: bool = False
 
     def check(self) -> None:
         if min(self.head_dim, self.num_heads, self.d_model, self.num_layers) <= 0:
@@ -73,7 +79,10 @@ class ModelConfig:
         choice("model.norm_position", self.norm_position, ("pre", "post"))
         choice("model.positions", self.positions, ("learned", "rotary"))
         choice("model.init", self.init, INITS)
-        choice("model.attention_impl", self.attention_impl, ("reference", "fused"))
+        choice("model.attention_impl", self.attention_impl,
+               ("reference", "fused", "blocked", "auto"))
+        if (problem := parametrization.check(self)) is not None:
+            raise ConfigError(problem)
         if len(self.layer_policies) != self.num_layers:
             raise ConfigError(f"{len(self.layer_policies)} layer policies for "
                               f"model.num_layers={self.num_layers}")

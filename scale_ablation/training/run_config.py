@@ -30,13 +30,18 @@ SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
 # Fields under an identity field that change nothing trained: the test split is read once, when
 # the run ends, so a run made before it existed (or with another size) resumes.
 NOT_IDENTITY_FIELDS = ("data.test_bytes",)
+# A model field that a stored config predates means its default (what the run was built with).
+MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
+                  if f.default is not dataclasses.MISSING}
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
     """The model of a run config (raises ConfigError naming a bad field)."""
     derived = {"layer_policies", "dtype", "vocab_size"}  # not under config.model
     fields = {f.name for f in dataclasses.fields(ModelConfig)} - derived
-    model = ModelConfig(**{name: config.model[name] for name in fields},
+    model = ModelConfig(**{name: config.model[name] if name in config.model
+                           or name not in MODEL_DEFAULTS else MODEL_DEFAULTS[name]
+                           for name in fields},
                         layer_policies=tuple(layer_policy_specs(config)),
                         dtype=config.train.dtype,
                         vocab_size=data_lib.vocab_size(config.data))  # MQAR: its own ids
@@ -98,11 +103,14 @@ def changed_identity_fields(old: dict, new: dict,
     dicts."""
     old_flat, new_flat = _flatten(old), _flatten(new)
     keys = sorted(set(old_flat) | set(new_flat))
+    default = lambda key: (MODEL_DEFAULTS.get(key.removeprefix("model."))  # noqa: E731
+                           if key.startswith("model.") else None)
     return [
         key for key in keys
         if any(key == f or key.startswith(f + ".") for f in fields)
         and key not in NOT_IDENTITY_FIELDS
-        and _normalise(old_flat.get(key)) != _normalise(new_flat.get(key))
+        and _normalise(old_flat.get(key, default(key))) != _normalise(new_flat.get(key,
+                                                                                  default(key)))
     ]
 
 
