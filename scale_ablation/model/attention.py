@@ -85,10 +85,14 @@ def query_scale(
 
 
 def fused_unsupported_reason(
-    policy: ScalePolicy, *, dtype, precision: tuple, dropout: bool
+    policy: ScalePolicy, *, dtype, precision: tuple, dropout: bool,
+    widths: tuple[int, int] | None = None,
 ) -> str | None:
     """Why the fused kernel cannot compute this attention, or None if it can.
-    precision: (q·k product dtype, softmax input dtype), as `precisions` gives them."""
+    precision: (q·k product dtype, softmax input dtype), as `precisions` gives them; widths:
+    (q/k width, value width) per head, which the kernel needs equal."""
+    if widths is not None and widths[0] != widths[1]:
+        return f"q/k width {widths[0]} differs from the value width {widths[1]}"
     reason = policy.fused_unsupported()
     if reason is not None:
         return f"the policy cannot be fused: {reason}"
@@ -160,32 +164,26 @@ def attend(
     dropout_key: jax.Array | None = None,
     return_internals: bool = False,
 ) -> jax.Array | tuple[jax.Array, AttentionInternals]:
-    """softmax(policy(q·k)) v over [batch, seq, heads, head_dim] arrays.
+    """softmax(policy(q·k)) v over [batch, seq, heads, head_dim] arrays (v may be narrower).
 
-    base_scale: the policy's plain number as a (possibly traced) array; default
-        `policy.base_scale(head_dim)` as a constant.
-    logits_dtype: dtype of the logits and softmax (float32 by default); None keeps the
-        activation dtype, to reproduce the mixed-precision overflow of the article's pitfall 3.
-    qk_product_dtype, softmax_dtype: the two apart (MaxText's `float32_qk_product` and
-        `float32_logits`): the dtype q·k accumulates in and is scaled in, and the dtype of what
-        enters the softmax (post-scale transforms included); each defaults to `logits_dtype`.
-    implementation: "reference" or "fused"; fused falls back to reference (warning once) when
-        the combination is unsupported, and always when internals are requested. "blocked":
-        causal blocks at or below the diagonal with an online softmax (`blocked_attention`,
-        same fallback); "auto": blocked where it applies and was measured faster, else reference.
+    base_scale: the policy's plain number as a (traced) array; default its base_scale(d_k).
+    logits_dtype: the logits' and softmax's dtype; None keeps the activations' (pitfall 3).
+    qk_product_dtype, softmax_dtype: the two apart (MaxText's `float32_qk_product`,
+        `float32_logits`); each defaults to `logits_dtype`.
+    implementation: "reference"; "fused" (`jax.nn.dot_product_attention`) or "blocked"
+        (`blocked_attention`), each falling back to reference, warning once, where unsupported
+        or internals are asked for; "auto": blocked where it applies and was measured faster.
     """
     if params is None:
         params = {}
     _, q_len, num_heads, head_dim = q.shape
     k_len = k.shape[1]
     dropout = dropout_rate > 0.0 and dropout_key is not None
-    if implementation not in ("reference", "fused", *blocked_attention.IMPLEMENTATIONS):
-        raise ValueError("implementation must be 'reference', 'fused', 'blocked' or 'auto', "
-                         f"got {implementation!r}")
+    _check_implementation(implementation)
     precision = precisions(q.dtype, logits_dtype, qk_product_dtype, softmax_dtype)
     if implementation == "fused" and not return_internals:
         reason = fused_unsupported_reason(policy, dtype=q.dtype, precision=precision,
-                                          dropout=dropout)
+                                          dropout=dropout, widths=(head_dim, v.shape[-1]))
         if reason is None:
             return _fused(q, k, v, policy, params, causal=causal, base_scale=base_scale)
         _warn_once(f"fused attention unavailable ({reason}); using the reference path")
@@ -194,13 +192,10 @@ def attend(
     scale = query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=num_heads,
                         head_dim=head_dim, causal=causal, base_scale=base_scale)
     if implementation in blocked_attention.IMPLEMENTATIONS:
-        reason = blocked_attention.unsupported_reason(
-            policy, causal=causal, q_len=q_len, k_len=k_len, precision=precision,
-            dropout=dropout, return_internals=return_internals)
-        if blocked_attention.use_blocked(implementation, q_len, reason):
-            return blocked_attention.blocked_attention(q, k, v, scale)
-        if implementation == "blocked" and not return_internals:
-            _warn_once(f"blocked attention unavailable ({reason}); using the reference path")
+        if (out := blocked_attention.try_blocked(
+                implementation, policy, q, k, v, scale, causal=causal, precision=precision,
+                dropout=dropout, return_internals=return_internals, warn=_warn_once)) is not None:
+            return out
     dense = _Dense(policy, params, precision, (dropout_rate, dropout_key) if dropout else None,
                    seq_len=k_len)
     if (causal and q_len == k_len and q_len >= 2 * CAUSAL_BLOCK and q_len % CAUSAL_BLOCK == 0
@@ -211,6 +206,12 @@ def attend(
     if return_internals:
         return out, AttentionInternals(logits=logits, probs=probs, mask=mask, max_logit=max_logit)
     return out
+
+
+def _check_implementation(implementation: str) -> None:
+    if implementation not in ("reference", "fused", *blocked_attention.IMPLEMENTATIONS):
+        raise ValueError("implementation must be 'reference', 'fused', 'blocked' or 'auto', "
+                         f"got {implementation!r}")
 
 
 # Causal attention in query blocks of this size: block i attends to keys [0, (i+1)·block) only,

@@ -31,6 +31,7 @@ The arithmetic is float32 whatever the input dtype; the output has v's dtype, as
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -203,3 +204,19 @@ def _flash_bwd(residuals, d_out):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def try_blocked(implementation: str, policy, q, k, v, scale, *, causal: bool, precision,
+                dropout: bool, return_internals: bool,
+                warn: Callable[[str], None]) -> jax.Array | None:
+    """The blocked path's output where it applies (and, for "auto", was measured faster), else
+    None; "blocked" asked for where it cannot run says why through `warn`."""
+    q_len, k_len = q.shape[1], k.shape[1]
+    reason = unsupported_reason(
+        policy, causal=causal, q_len=q_len, k_len=k_len, precision=precision,
+        dropout=dropout, return_internals=return_internals)
+    if use_blocked(implementation, q_len, reason):
+        return blocked_attention(q, k, v, scale)
+    if implementation == "blocked" and not return_internals:
+        warn(f"blocked attention unavailable ({reason}); using the reference path")
+    return None
