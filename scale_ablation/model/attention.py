@@ -191,11 +191,10 @@ def attend(
     q, k = policy.transform_qk(params, q, k)
     scale = query_scale(policy, params, q_len=q_len, k_len=k_len, num_heads=num_heads,
                         head_dim=head_dim, causal=causal, base_scale=base_scale)
-    if implementation in blocked_attention.IMPLEMENTATIONS:
-        if (out := blocked_attention.try_blocked(
-                implementation, policy, q, k, v, scale, causal=causal, precision=precision,
-                dropout=dropout, return_internals=return_internals, warn=_warn_once)) is not None:
-            return out
+    if (out := blocked_attention.try_blocked(
+            implementation, policy, q, k, v, scale, causal=causal, precision=precision,
+            dropout=dropout, return_internals=return_internals, warn=_warn_once)) is not None:
+        return out
     dense = _Dense(policy, params, precision, (dropout_rate, dropout_key) if dropout else None,
                    seq_len=k_len)
     if (causal and q_len == k_len and q_len >= 2 * CAUSAL_BLOCK and q_len % CAUSAL_BLOCK == 0

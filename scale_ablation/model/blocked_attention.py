@@ -211,6 +211,8 @@ def try_blocked(implementation: str, policy, q, k, v, scale, *, causal: bool, pr
                 warn: Callable[[str], None]) -> jax.Array | None:
     """The blocked path's output where it applies (and, for "auto", was measured faster), else
     None; "blocked" asked for where it cannot run says why through `warn`."""
+    if implementation not in IMPLEMENTATIONS:
+        return None
     q_len, k_len = q.shape[1], k.shape[1]
     reason = unsupported_reason(
         policy, causal=causal, q_len=q_len, k_len=k_len, precision=precision,
