@@ -1,0 +1,148 @@
+"""A sweep's grid and its record: the points an experiment file expands to, their statuses,
+and `sweep.json`, rewritten as each run ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+from collections.abc import Sequence
+
+from scale_ablation.errors import ConfigError
+from scale_ablation.model import plugins, policies
+from scale_ablation.records import jsonfiles
+from scale_ablation.records.run_files import FINISHED, RunFiles
+from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import runs
+from scale_ablation.training.run_config import validate
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    name: str
+    overrides: dict
+    config: object  # ml_collections.ConfigDict, resolved
+
+
+def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> list[Point]:
+    """The grid of `spec` (plus `add_policies`) as resolved configs; raises ValueError naming
+    the first bad point."""
+    base = experiment.load_config(spec)
+    grid = experiment.load_grid(spec, add_policies)
+    group = os.path.basename(os.path.normpath(sweep_dir))
+    points, names = [], set()
+    for overrides in grid:
+        name = experiment.run_name(overrides)
+        if name in names:
+            raise ValueError(f"two grid points share the run name {name!r}")
+        names.add(name)
+        config = experiment.apply_overrides(base, overrides)
+        config.wandb.group = config.wandb.group or group
+        config.wandb.job_type = "sweep"
+        try:
+            validate(config)
+        except ConfigError as error:
+            raise ValueError(f"grid point {name}: {error}") from None
+        points.append(Point(name, dict(overrides), config))
+    return points
+
+
+def check_added_policies(specs: tuple[str, ...], imports: tuple[str, ...]) -> None:
+    """Raise ValueError naming the first `--add_policies` spec that is no policy; without
+    `--imports`, say that a policy of one's own is registered by importing its module."""
+    for spec in specs:
+        try:
+            policies.get(spec)
+        except ValueError as error:
+            hint = "" if imports else (" A policy of your own is registered by its file or "
+                                       "module: add --imports=my_policy.py (or a module name).")
+            raise ValueError(f"--add_policies={spec}: {error}.{hint}".replace("..", ".")) from None
+
+
+def run_status(sweep_dir: str, point: Point) -> str:
+    """The run's status on disk ("pending" if none); ValueError naming a damaged summary."""
+    summary = RunFiles(os.path.join(sweep_dir, point.name)).read_summary()
+    return (summary or {}).get("status", "pending")
+
+
+def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str, str],
+                        extend: bool = False) -> None:
+    """Raise ConfigError if a started run was made with other identity fields than its point
+    has now (the experiment file changed): skipping it would report a stale result, resuming it
+    would mix two configs. Another schedule is refused too unless `extend`, which marks a
+    finished run "extend" in `statuses`."""
+    for point in points:
+        workdir = os.path.join(sweep_dir, point.name)
+        if statuses[point.name] in FINISHED:
+            if runs.finished_summary(point.config, workdir, extend=extend) is None:
+                statuses[point.name] = "extend"
+        elif os.path.isfile(os.path.join(workdir, "config.json")):
+            runs.check_same_run(workdir, point.config)
+            saved = runs.checkpoint_steps(workdir)
+            if saved:
+                runs.check_same_schedule(workdir, point.config, max(saved), extend=extend)
+
+
+def final_statuses(sweep_dir: str, points: list[Point],
+                   outcomes: dict[str, str] | None = None) -> dict[str, str]:
+    """Each point's status: summary.json's, else `outcomes`' (run name -> status, from this
+    invocation's runner), which stand in for runs that left no summary.json: one rejected by
+    `train` before writing anything is "failed"."""
+    outcomes = outcomes or {}
+    result = {}
+    for point in points:
+        on_disk = run_status(sweep_dir, point)
+        result[point.name] = outcomes.get(point.name, on_disk) if on_disk == "pending" else on_disk
+    return result
+
+
+def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
+                     outcomes: dict[str, str] | None = None,
+                     imports: Sequence[str] = ()) -> None:
+    """sweep.json: the grid, each run's status (`final_statuses`) and the `--imports` its runs
+    had, which `report` loads again."""
+    statuses = final_statuses(sweep_dir, points, outcomes)
+    record = {
+        "config": spec,
+        "imports": plugins.recorded(imports),
+        "runs": [{"name": p.name, "overrides": p.overrides, "status": statuses[p.name]}
+                 for p in points],
+    }
+    # Unsorted: the overrides keep the grid's order, which names the runs.
+    jsonfiles.write_json_atomic(os.path.join(sweep_dir, "sweep.json"), record, sort_keys=False)
+
+
+class SweepFile:
+    """sweep.json, written at the start and again as each run ends (a killed sweep's file
+    says which runs completed). A full disk is said in one line, once, and not raised: the
+    runs' own files hold their results, and the sweep's exit code says it is incomplete."""
+
+    def __init__(self, sweep_dir: str, spec: str, points: list[Point],
+                 imports: Sequence[str]) -> None:
+        self.sweep_dir, self.spec, self.points, self.imports = sweep_dir, spec, points, imports
+        self.written = True
+
+    def write(self, outcomes: dict[str, str] | None = None) -> None:
+        try:
+            write_sweep_file(self.sweep_dir, self.spec, self.points, outcomes, self.imports)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            if self.written:
+                print(f"[sweep] error: no space left on device: sweep.json in {self.sweep_dir} "
+                      "is not up to date", flush=True)
+            self.written = False
+        else:
+            self.written = True
+
+
+class RecordedOutcomes(dict):
+    """Run name -> status, each entry written to sweep.json as it is set (`SweepFile`)."""
+
+    def __init__(self, sweep_file: SweepFile) -> None:
+        super().__init__()
+        self._sweep_file = sweep_file
+
+    def __setitem__(self, name: str, status: str) -> None:
+        super().__setitem__(name, status)
+        self._sweep_file.write(self)
