@@ -3,6 +3,7 @@ scale 1 ends worse than 1/√d_k, and 1/d_k is compared too.
 
   bash launch/local.sh experiments/headline.py runs/headline        # the README's first command
   python -m scale_ablation.sweep --config=experiments/headline.py --workdir=runs/headline
+  (`:quick`: the same grid for a few steps, a smoke test)
 
 Design: the base `cpu` model (2 layers, d_model 128) with one head of d_k 128, 600 steps, three
 seeds; each policy at the learning rate the published d_k study located for this very cell
@@ -21,11 +22,14 @@ SEEDS = (0, 1, 2)
 
 
 def get_config(arg: str | None = None):
-    base.check_variant(__file__, arg, ())
+    base.check_variant(__file__, arg, ("quick",))
     config = base.get_config("cpu")
     config.model.num_heads = 1
     config.model.head_dim = 128
     config.wandb.tags = ("headline",)
+    if arg == "quick":  # the tests' smoke variant: the same grid, a few steps
+        quick = base.get_config("quick")
+        config.train, config.checkpoint, config.data = quick.train, quick.checkpoint, quick.data
     return config
 
 

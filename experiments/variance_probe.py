@@ -68,8 +68,10 @@ def measure(config: ml_collections.ConfigDict, tokens: np.ndarray) -> dict:
     if model.position_embed is not None:
         x = x + model.position_embed(jnp.arange(seq))[None]
     h = x if block.post_norm else block.attention_norm(x)
-    split = (batch, seq, attention.num_heads, attention.head_dim)
-    q, k, v = (proj(h).reshape(split) for proj in (attention.query, attention.key, attention.value))
+    qk_split = (batch, seq, attention.num_heads, attention.qk_dim)  # (B, T, H, d_k)
+    v_split = (batch, seq, attention.num_heads, attention.head_dim)  # (B, T, H, D)
+    q, k = (proj(h).reshape(qk_split) for proj in (attention.query, attention.key))
+    v = attention.value(h).reshape(v_split)
     if attention.rotary:
         q, k = apply_rotary(q, jnp.arange(seq)), apply_rotary(k, jnp.arange(seq))
     params = attention.policy_params.get_value()
@@ -82,14 +84,13 @@ def measure(config: ml_collections.ConfigDict, tokens: np.ndarray) -> dict:
 
     # The post-scale logits as the layer computes them (same policy, scale and logits dtype).
     scale = {"policy": attention.policy, "params": params, "base_scale": attention.base_scale[...]}
-    logits_dtype = attention.logits_dtype
-    _, internals = attend(q, k, v, **scale, logits_dtype=logits_dtype, return_internals=True)
+    _, internals = attend(q, k, v, **scale, **dict(attention.precision), return_internals=True)
     stats = attention_stats(internals.logits, internals.probs, internals.mask)
     out_of_band = diagnostics.health_flags(stats)["logit_std_out_of_band"]
-    law = attention.head_dim * var_q * var_k
+    law = attention.qk_dim * var_q * var_k
     return {
         "policy": config.policy,
-        "d_k": attention.head_dim,
+        "d_k": attention.qk_dim,
         "init_gain": config.model.init_gain,
         "var_q": var_q,
         "var_k": var_k,

@@ -203,7 +203,10 @@ def test_claims_name_policies_the_grid_runs(path):
         assert declared and all(isinstance(c, claims.Claim) for c in declared)
         grid_policies = {point.get("policy") for point in module.sweep(arg)}
         for claim in declared:
-            named = set(claim.rule.policies) | ({getattr(claim.rule, "reference", None)} - {None})
+            policies_of = getattr(claim.rule, "policies", None)
+            if policies_of is None:  # a Transfer names (parametrisation, policy) settings
+                policies_of = [policy for _, policy in claim.rule.settings]
+            named = set(policies_of) | ({getattr(claim.rule, "reference", None)} - {None})
             assert named <= grid_policies, (claim.text, named - grid_policies)
 
 

@@ -51,7 +51,8 @@ def test_a_run_records_what_it_consumed(tmp_path):
 
 
 def test_a_run_records_what_reproduces_it(tmp_path):
-    summary = train.train(tiny_config(**{"train.steps": 2}), tmp_path / "run")
+    summary = train.train(tiny_config(**{"train.steps": 2, "train.log_every": 1,
+                                          "train.eval_every": 2, "train.warmup_steps": 0}), tmp_path / "run")
     environment = summary["environment"]
     assert environment["versions"]["jax"] == jax.__version__
     assert environment["versions"]["flax"] == flax.__version__

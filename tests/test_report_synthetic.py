@@ -330,19 +330,20 @@ def test_lr_sensitivity_per_seed_with_ci(sweep):
 
 
 def test_claims_verdicts(sweep):
+    """The synthetic runs end above the bigram line less 0.3 bits per byte, so the claims file
+    says that this sweep cannot support a verdict, and only a decision against a claim stands."""
     text = (sweep / "report" / "claims.md").read_text()
-    verdicts = re.findall(r"^Verdict: \*\*(\w+)\*\*", text, re.MULTILINE)
-    assert verdicts == VERDICTS
+    assert "**This sweep cannot support a verdict:**" in text and "no run learned" in text
+    verdicts = re.findall(r"^Verdict \(.*?\): \*\*(\w+)\*\*", text, re.MULTILINE)
+    assert len(verdicts) == len(VERDICTS) and set(verdicts) <= {"inconclusive", "contradicted"}
     assert "Command: `python -m scale_ablation.sweep --config=" in text
     # The numbers behind the first verdict are in the file.
     lr = best_lr("none")
     values = [final_loss("none", lr, s) / math.log(2) for s in SEEDS]
     reference = [final_loss("inv_sqrt_dk", lr, s) / math.log(2) for s in SEEDS]
-    assert f"Δ = {scipy_paired(values, reference)} → worse" in text
-    # `none` trains smoothly where no run spiked or collapsed (lr 3e-2 spiked, 1e-1 collapsed).
-    smooth = [lr for lr in LRS if lr not in (SPIKED[1], 1e-1)]
-    assert (f"none, d_k=64: smooth at LR {', '.join(f'{lr:.3g}' for lr in smooth)}; "
-            f"0 diverged, 1 spiked, {len(SEEDS)} collapsed of {len(LRS) * len(SEEDS)} runs") in text
+    assert f"Δ = {scipy_paired(values, reference)} on the validation split" in text
+    # Every synthetic run ends above the bigram line: by the taxonomy none trains smoothly.
+    assert re.search(r"d_k=64: smooth at LR none; .*not learning of", text)
 
 
 def test_csv_carries_instability_and_per_layer_logits(sweep):
@@ -408,5 +409,5 @@ def test_a_rule_with_an_unknown_expectation_is_refused():
 
     with pytest.raises(ValueError, match="expect"):
         claims.Compare("smaller")
-    with pytest.raises(ValueError, match="best_lr or each_lr"):
+    with pytest.raises(ValueError, match="best_lr, each_lr or own_lr"):
         claims.Compare("worse", at="sometimes")

@@ -23,7 +23,8 @@ TRAINING_EXPERIMENTS = sorted(
     if path.stem not in ("__init__", "base")
     and not hasattr(importlib.import_module(f"experiments.{path.stem}"), "run"))  # not probes
 SETTINGS = settings(max_examples=15, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.filter_too_much])
 BIG = 1 << 20  # the largest value drawn for an unbounded field
 
 

@@ -95,9 +95,7 @@ class ModelConfig:
                                   f"{error}") from None
             if scale is not None and not math.isfinite(float(scale)):
                 raise ConfigError(f"policy {spec!r} gives scale {scale} at d_k={self.qk_width}")
-            reason = policy.fused_unsupported() or (
-                self.qk_width != self.head_dim and "its q/k width (model.qk_dim) is not the "
-                "value width (model.head_dim)")
+            reason = policy.fused_unsupported()
             if self.attention_impl == "fused" and reason:
                 raise ConfigError(f"model.attention_impl=fused cannot compute policy {spec!r}: "
                                   f"{reason}; use model.attention_impl=reference")

@@ -97,9 +97,9 @@ def print_progress(member: Member, tick: Tick) -> None:
     clock, total = member.clock, member.config.train.steps
     seconds_per_step = clock.seconds / clock.steps if clock.steps else float("nan")
     text = (f"{member.label}step {tick.step}/{total}  "
-            f"loss {tick.row.get('train/loss', float('nan')):.4f}")
+            f"loss {tick.row.get('train/loss', float('nan')):.4g} nats/byte")
     if "val/loss" in tick.row:
-        text += f"  val {tick.row['val/loss']:.4f}"
+        text += f"  val {tick.row['val/loss']:.4g} nats/byte"
     text += (f"  {member.tokens_per_step / seconds_per_step:,.0f} tok/s  "
              f"eta {(total - tick.step) * seconds_per_step:.0f}s")
     print(text, flush=True)

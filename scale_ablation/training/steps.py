@@ -77,7 +77,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
         rest = state["rest"]
         if clips:  # MuonClip: W_Q, W_K of heads whose largest logit exceeded T, after the update
             params, rest = qk_clip.after_step(graphdef, params, rest, maxima)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new_state = {**state, "params": params, "rest": rest, "opt_state": opt_state,
                      "step": state["step"] + 1}
@@ -85,8 +85,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
         metrics = {
             "train/loss": loss,
             "train/grad_norm": grad_norm,
-            "train/update_norm": optax.global_norm(updates),
-            "train/param_norm": optax.global_norm(params),
+            "train/update_norm": optax.tree.norm(updates),
+            "train/param_norm": optax.tree.norm(params),
             "train/finite": finite,
         }
         return new_state, metrics
