@@ -177,6 +177,7 @@ def test_figures_are_drawn_from_synthetic_rows(tmp_path):
     assert exponent_plots.figures(synthetic_rows(0.0, cs=(1.0,))) == {}
 
 
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_quick_sweep_runs_end_to_end_and_reports_the_exponent(tmp_path):
     """The quick grid trains (q/k width apart from v, every C of a d_k in one ensemble), its
     rows carry d_k = qk_dim and the halfway evaluation, and the report draws and judges it."""

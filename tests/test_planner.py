@@ -141,6 +141,7 @@ def test_the_planned_device_hours_are_the_docstrings(study):
         study, plan.device_hours)
 
 
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_the_device_check_runs_tiny_on_a_cpu_and_writes_the_table(tmp_path):
     done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--tiny",
                            f"--out_dir={tmp_path}"], cwd=REPO, env=ENV, capture_output=True,

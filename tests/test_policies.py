@@ -185,7 +185,9 @@ def test_causal_output_ignores_future_keys_and_values(spec, implementation):
 
 @pytest.mark.parametrize(
     ("causal", "q_len", "k_len"),
-    [(True, SEQ, SEQ), (False, SEQ, SEQ), (True, 3, SEQ), (False, 3, SEQ)],
+    [(True, SEQ, SEQ), (False, SEQ, SEQ),
+     pytest.param(True, 3, SEQ, marks=pytest.mark.slow),  # q < k: also in test_attention.py
+     pytest.param(False, 3, SEQ, marks=pytest.mark.slow)],
     ids=["causal", "full", "causal_q<k", "full_q<k"],
 )
 @pytest.mark.parametrize("spec", SPECS)

@@ -22,7 +22,7 @@ TRAINING_EXPERIMENTS = sorted(
     path.stem for path in (REPO / "experiments").glob("*.py")
     if path.stem not in ("__init__", "base")
     and not hasattr(importlib.import_module(f"experiments.{path.stem}"), "run"))  # not probes
-SETTINGS = settings(max_examples=15, deadline=None,
+SETTINGS = settings(max_examples=5, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.filter_too_much])
 BIG = 1 << 20  # the largest value drawn for an unbounded field
