@@ -36,6 +36,7 @@ def slope(widths, values) -> float:
     return float(np.polyfit(np.log(widths), np.log(values), 1)[0])
 
 
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_grows_under_sp_and_stays_flat_under_mup(tmp_path):
     result = coord_check("--widths=32,64,128", "--steps=6", "--seeds=1", f"--out={tmp_path}",
                          *TINY)

@@ -126,6 +126,7 @@ def test_each_process_writes_its_part_of_every_checkpoint(two_processes):
             assert (item / "array_metadatas" / f"process_{rank}").is_file()
 
 
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_preempted_then_killed_run_resumes_to_the_uninterrupted_losses(two_processes, tmp_path):
     """SIGTERM to both (exit 3, preempted), rerun; SIGKILL one: the other leaves with one error
     line within the heartbeat bound; rerun: the final losses are the uninterrupted run's."""

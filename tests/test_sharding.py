@@ -71,6 +71,7 @@ def test_eight_devices_match_one(one_device, tmp_path, fsdp):
     assert val and np.allclose(*zip(*val, strict=True), rtol=2e-5)
 
 
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_fsdp_run_resumes_from_its_checkpoint(tmp_path):
     """SIGTERM an 8-device FSDP run after step 8 (hooks.SIGNAL_AT_ENV, no race against the clock),
     rerun it: the final loss equals an uninterrupted run's."""

@@ -125,6 +125,7 @@ def test_two_slurm_tasks_train_as_one_process(one_process, slurm_run):
                 / f"ocdbt.process_{rank}").is_dir()
 
 
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm_run, tmp_path):
     """USR1 to the batch shell, as --signal=B:USR1@... sends it before the time limit: the
     tasks stop at one step, the job requeues itself and ends with the uninterrupted losses."""
