@@ -1,4 +1,4 @@
-"""A published study regenerates from its own run files: experiments/results/headline/runs holds
+"""A published study regenerates from its own run files: experiments/results/headline/run_files holds
 each run's config.json, metrics.jsonl and summary.json (no checkpoints) and the sweep's record;
 the report written from a copy of them gives the committed summary.csv and claims.md."""
 
@@ -22,7 +22,7 @@ def rows(path: pathlib.Path) -> list[dict]:
 
 def test_the_headline_report_regenerates_from_its_run_files(tmp_path):
     sweep_dir = tmp_path / "headline"
-    shutil.copytree(PUBLISHED / "runs", sweep_dir)
+    shutil.copytree(PUBLISHED / "run_files", sweep_dir)
     out = pathlib.Path(report.write_report(str(sweep_dir)))
     assert rows(out / "summary.csv") == rows(PUBLISHED / "summary.csv")
     regenerated = (out / "claims.md").read_text().replace(str(sweep_dir), "runs/headline")
