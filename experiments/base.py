@@ -75,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model.softmax_dtype = ""  # "" | float32 | activation
     model.qk_dim = 0  # q/k width per head, the d_k policies see; 0 = head_dim (the v width)
     model.attention_dropout = 0.0
-    model.attention_impl = "reference"  # reference | fused (jax.nn.dot_product_attention)
+    model.attention_impl = "reference"  # reference | fused (jax.nn.dot_product_attention) | blocked | auto
     # μP (README, "μP"): sp | mup, relative to a base width (0: the model's own).
     model.parametrization = "sp"
     model.base_d_model = 0
