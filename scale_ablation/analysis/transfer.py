@@ -18,6 +18,7 @@ from collections import defaultdict
 
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import optimum
+from scale_ablation.analysis.claims import Verdict
 
 WIDTH = "override:model.d_model"
 PARAMETRIZATION = "override:model.parametrization"
@@ -66,8 +67,6 @@ class Transfer:
                 "widths (optimum.fit_optimum per width; an edge optimum is a bound)")
 
     def judge(self, rows: list[dict]):
-        from scale_ablation.analysis.claims import Verdict  # claims imports the rules' modules
-
         found = optima(rows)
         numbers, outcomes = [], []
         for setting in self.settings:
