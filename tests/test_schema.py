@@ -216,3 +216,12 @@ def test_the_reference_lists_every_field():
     assert "| `train.warmup_steps` | linear warmup steps (0: none) | an integer in [0, " \
            "train.steps] |" in table
 
+
+def test_config_md_is_the_schemas_reference():
+    """CONFIG.md is what the schema renders now (regenerate with `schema.REGENERATE`), and the
+    README links to it."""
+    published = (REPO / "CONFIG.md").read_text()
+    assert published == schema.document(), f"CONFIG.md is stale: run `{schema.REGENERATE}`"
+    assert published.count("\n| `") == len(schema.FIELDS)
+    assert "](CONFIG.md)" in (REPO / "README.md").read_text()
+

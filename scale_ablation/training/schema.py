@@ -2,8 +2,9 @@
 
 `check(config)` derives the checks from `FIELDS`: one `ConfigError` line naming the first bad
 field, its meaning and its allowed values (`training.run_config.validate` calls it first).
-`reference()` derives the field reference (a Markdown table). A range may name another field
-(`high="train.steps"`): cross-field rules such as 0 <= warmup_steps <= steps live here too.
+`reference()` derives the field reference (a Markdown table, published as CONFIG.md by
+`REGENERATE`). A range may name another field (`high="train.steps"`): cross-field rules such
+as 0 <= warmup_steps <= steps live here too.
 Rules that need more than a range (a policy that exists, a batch that divides over the devices,
 the MQAR generator's own limits) stay with the code that knows them (`run_config`,
 `model.spec.ModelConfig.check`, `data.sources`). Every field of `experiments/base.py`'s config
@@ -259,10 +260,24 @@ def check(config: Mapping[str, Any]) -> None:
             raise ConfigError(problem)
 
 
+REGENERATE = "python -m scale_ablation.training.schema > CONFIG.md"
+
+
 def reference() -> str:
-    """The field reference as a Markdown table, from the schema (for the README)."""
+    """The field reference as a Markdown table, from the schema (CONFIG.md's body)."""
     lines = ["| field | meaning | allowed |", "|---|---|---|"]
     for field in FIELDS:
         allowed = field.allowed({})
         lines.append(f"| `{field.name}` | {field.meaning} | {allowed.replace('|', '/')} |")
     return "\n".join(lines)
+
+
+def document() -> str:
+    """CONFIG.md: a header saying how it is made, then `reference()` (tests/test_schema.py
+    fails when the published file differs)."""
+    return (f"# Config fields: generated from scale_ablation/training/schema.py by `{REGENERATE}`"
+            f"\n\n{reference()}\n")
+
+
+if __name__ == "__main__":
+    print(document(), end="")
