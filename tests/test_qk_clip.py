@@ -1,6 +1,8 @@
 """QK-clip inside the jitted train step: a head whose largest logit exceeded T comes back to T,
 the others are untouched, the largest logit per head is the forward pass's, and it is logged."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,3 +95,20 @@ def test_models_without_clip_keep_their_step_program():
     graphdef, params, rest = split_model("inv_sqrt_dk")
     assert not qk_clip.applies(graphdef, params, rest)
     assert "max_logit" not in rest["blocks"][0]["attention"]
+
+
+def test_only_the_train_steps_forward_pass_sows_the_maxima():
+    """The train step collects the maxima with `nnx.capture`; any other forward pass (evaluation,
+    diagnostics) sows nothing, since a sow outside a capture is deprecated in Flax, and leaves
+    the model without an intermediate."""
+    graphdef, params, rest = split_model("qk_clip:1.0")
+    model = nnx.merge(graphdef, params, rest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        model(BATCH["inputs"])
+        model(BATCH["inputs"], with_diagnostics=True)
+    assert not nnx.state(model, nnx.Intermediate)
+    logits, maxima = qk_clip.forward(model, BATCH["inputs"], None)
+    np.testing.assert_allclose(maxima[0], max_logits(graphdef, params, rest), rtol=1e-4)
+    np.testing.assert_allclose(logits, model(BATCH["inputs"])[0], rtol=1e-6)
+    assert not nnx.state(model, nnx.Intermediate)  # the capture keeps nothing on the model

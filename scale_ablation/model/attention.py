@@ -338,7 +338,12 @@ class SelfAttention(nnx.Module):
         *,
         dropout_key: jax.Array | None = None,
         with_diagnostics: bool = False,
+        sow_max_logit: bool = False,
     ) -> tuple[jax.Array, dict[str, jax.Array] | None]:
+        """sow_max_logit: under QK-clip, sow this forward pass's largest logit per head as the
+        `nnx.Intermediate` "step_max_logit", for the train step's `nnx.capture`
+        (`qk_clip.forward`); asked for only there, since a sow outside a capture is
+        deprecated."""
         batch, seq, _ = x.shape
         qk_split = (batch, seq, self.num_heads, self.qk_dim)
         q = self.query(x).reshape(qk_split)  # (B, T, H, D_qk)
@@ -348,7 +353,7 @@ class SelfAttention(nnx.Module):
             positions = jnp.arange(seq)
             q, k = apply_rotary(q, positions), apply_rotary(k, positions)
         params = self.policy_params.get_value()
-        clip = self.policy.qk_clip is not None
+        clip = self.policy.qk_clip is not None and sow_max_logit  # the train step's pass
         result = attend(
             q, k, v,
             policy=self.policy,
@@ -367,7 +372,7 @@ class SelfAttention(nnx.Module):
             result, internals = result
         if with_diagnostics:
             stats = self._stats(internals, params)
-        if clip:  # for the train step (`qk_clip.step_maxima`); the record is set outside
+        if clip:  # the record (`MaxLogit`) is set by `qk_clip.after_step`
             self.sow(nnx.Intermediate, "step_max_logit", internals.max_logit)
         out = self.out(result.reshape(batch, seq, self.num_heads * self.head_dim))  # (B, T, C)
         return out, stats

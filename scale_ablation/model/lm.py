@@ -69,22 +69,25 @@ class Block(nnx.Module):
         # finite. A no-op for float32 compute.
         return self.mlp_out(jax.nn.gelu(hidden.astype(jnp.float32)).astype(hidden.dtype))
 
-    def __call__(self, x, *, dropout_key=None, with_diagnostics=False, coords=None):
+    def __call__(self, x, *, dropout_key=None, with_diagnostics=False, coords=None,
+                 sow_max_logit=False):
         """coords: None, or a dict whose lists get this block's mean |attention output| and
-        |MLP output| appended (`LanguageModel.coordinates`)."""
+        |MLP output| appended (`LanguageModel.coordinates`); sow_max_logit: see `Attention`."""
         def record(name: str, value: jax.Array) -> None:
             if coords is not None:
                 coords[name].append(mean_abs(value))
 
         if self.post_norm:
             attended, stats = self.attention(x, dropout_key=dropout_key,
-                                             with_diagnostics=with_diagnostics)
+                                             with_diagnostics=with_diagnostics,
+                                             sow_max_logit=sow_max_logit)
             x = self.attention_norm(x + attended)
             mlp_out = self.mlp(x)
             record("attn_output", attended), record("mlp_output", mlp_out)
             return self.mlp_norm(x + mlp_out), stats
         attended, stats = self.attention(self.attention_norm(x), dropout_key=dropout_key,
-                                         with_diagnostics=with_diagnostics)
+                                         with_diagnostics=with_diagnostics,
+                                         sow_max_logit=sow_max_logit)
         x = x + attended
         mlp_out = self.mlp(self.mlp_norm(x))
         record("attn_output", attended), record("mlp_output", mlp_out)
@@ -120,9 +123,13 @@ class LanguageModel(nnx.Module):
         *,
         dropout_key: jax.Array | None = None,
         with_diagnostics: bool = False,
+        sow_max_logit: bool = False,
     ) -> tuple[jax.Array, list[dict[str, jax.Array]] | None]:
-        """tokens [B, T] int -> (logits [B, T, vocab] float32, per-layer attention stats)."""
-        logits, all_stats = self._forward(tokens, dropout_key, with_diagnostics, None)
+        """tokens [B, T] int -> (logits [B, T, vocab] float32, per-layer attention stats).
+        sow_max_logit: QK-clip layers sow their largest logit per head, for a caller inside
+        `nnx.capture` (`qk_clip.forward`)."""
+        logits, all_stats = self._forward(tokens, dropout_key, with_diagnostics, None,
+                                          sow_max_logit)
         return logits, (all_stats if with_diagnostics else None)
 
     def coordinates(self, tokens: jax.Array) -> dict[str, jax.Array]:
@@ -138,7 +145,7 @@ class LanguageModel(nnx.Module):
         return {"embedding": coords["embedding"], "attn_logits": logit_sizes.mean(), **families,
                 "residual": coords["residual"], "output_logits": mean_abs(logits)}
 
-    def _forward(self, tokens, dropout_key, with_diagnostics, coords):
+    def _forward(self, tokens, dropout_key, with_diagnostics, coords, sow_max_logit=False):
         seq_len = tokens.shape[1]
         x = self.embed(tokens)  # (B, T, C)
         if coords is not None:
@@ -151,7 +158,8 @@ class LanguageModel(nnx.Module):
         )
         all_stats = []
         for block, key in zip(self.blocks, layer_keys, strict=True):
-            x, stats = block(x, dropout_key=key, with_diagnostics=with_diagnostics, coords=coords)
+            x, stats = block(x, dropout_key=key, with_diagnostics=with_diagnostics, coords=coords,
+                             sow_max_logit=sow_max_logit)
             all_stats.append(stats)
         if coords is not None:
             coords["residual"] = mean_abs(x)

@@ -4,7 +4,7 @@ biases) multiplied by √(T / max) each, so that logit, recomputed with the new 
 
 The largest logit per head comes from the forward pass the step already makes: each clipping
 layer sows it (the dense path's logits, reduced over batch, queries and visible keys; no extra
-pass), the step's loss returns it (`step_maxima`) and the step calls `after_step` inside the
+pass) under `nnx.capture`, the step's loss returns it (`forward`) and the step calls `after_step` inside the
 same jitted program, which rescales and keeps the maxima in each layer's `attention.MaxLogit`
 state for logging. q = x·W_Q + b_Q and k likewise are
 linear in their weights and rotary positions are a rotation, so scaling both by √γ scales every
@@ -21,11 +21,17 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def clipping_layers(model: nnx.Module) -> list[nnx.Module]:
-    """The attention layers of `model` whose policy clips (they hold a `max_logit`)."""
-    return [module for _, module in nnx.iter_modules(model)
+def _clipping(model: nnx.Module) -> list[tuple[tuple, nnx.Module]]:
+    """(path, layer) of each attention layer of `model` whose policy clips (it holds a
+    `max_logit`), in graph order."""
+    return [(path, module) for path, module in nnx.iter_modules(model)
             if getattr(getattr(module, "policy", None), "qk_clip", None) is not None
             and hasattr(module, "max_logit")]
+
+
+def clipping_layers(model: nnx.Module) -> list[nnx.Module]:
+    """The attention layers of `model` whose policy clips (they hold a `max_logit`)."""
+    return [module for _, module in _clipping(model)]
 
 
 def applies(graphdef: Any, params: Any, rest: Any) -> bool:
@@ -39,10 +45,20 @@ def factors(max_logit: jax.Array, threshold: float) -> jax.Array:
     return jnp.where(max_logit > threshold, jnp.sqrt(threshold / safe), 1.0)
 
 
-def step_maxima(model: nnx.Module) -> list[jax.Array]:
-    """Each clipping layer's largest logit per head ([H]) from the forward pass `model` just
-    made, in `clipping_layers` order."""
-    return [layer.step_max_logit.get_value()[-1] for layer in clipping_layers(model)]
+def forward(model: nnx.Module, inputs: jax.Array,
+            dropout_key: jax.Array | None) -> tuple[jax.Array, list[jax.Array]]:
+    """(logits, each clipping layer's largest logit per head [H] in this forward pass, in
+    `clipping_layers` order): the layers sow it and `nnx.capture` collects it (Flax's way to
+    extract intermediates; a sow outside a capture is deprecated)."""
+    (logits, _), sown = nnx.capture(model, nnx.Intermediate)(
+        inputs, dropout_key=dropout_key, sow_max_logit=True)
+    maxima = []
+    for path, _ in _clipping(model):
+        node = sown  # the captured State is nested as the model is: follow the layer's path
+        for key in path:
+            node = node[key]
+        maxima.append(node["step_max_logit"].get_value()[-1])  # the tuple's one entry
+    return logits, maxima
 
 
 def after_step(graphdef: Any, params: Any, rest: Any, maxima: list[jax.Array]) -> tuple:

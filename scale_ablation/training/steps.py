@@ -52,10 +52,13 @@ def make_loss(graphdef, z_loss: float, *, with_rest: bool = False) -> Callable:
 
     def loss_fn(params, state: TrainState, batch: dict, dropout_key):
         model = nnx.merge(graphdef, params, state["rest"])
-        logits, _ = model(batch["inputs"], dropout_key=dropout_key)
+        if with_rest:
+            logits, maxima = qk_clip.forward(model, batch["inputs"], dropout_key)
+        else:
+            logits, _ = model(batch["inputs"], dropout_key=dropout_key)
         loss, with_z = cross_entropy(logits, batch["targets"], batch["weights"], z_loss)
         if with_rest:
-            return with_z, (loss, qk_clip.step_maxima(model))
+            return with_z, (loss, maxima)
         return with_z, loss
 
     return loss_fn
