@@ -19,7 +19,7 @@ from collections.abc import Callable
 from matplotlib.figure import Figure
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import exponent_plots
+from scale_ablation.analysis import exponent_plots, transfer_plots
 from scale_ablation.analysis import plot_groups as groups
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.records import metrics_rows as rm
@@ -303,6 +303,7 @@ def row_plots(rows: list[dict], style: look.Style) -> dict[str, Figure]:
                 log_y=True, float16_line=True, style=style)
     out["learned_scale_vs_dk.png"] = plot_learned_scale(rows, style)
     out.update(exponent_plots.figures(rows))  # loss against c, c* against d_k (dk_exponent)
+    out.update(transfer_plots.figures(rows, style))  # best LR against width (mup_transfer)
     return {name: fig for name, fig in out.items() if fig is not None}
 
 

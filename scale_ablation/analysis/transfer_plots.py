@@ -1,0 +1,226 @@
+"""The width-transfer study's figures (experiments/mup_transfer.py; the rule is `analysis.transfer`):
+
+- `best_lr_vs_width.png`: the located best LR (`optimum.fit_optimum`, mean over seeds, the
+  parabola's vertex) against width, log–log, a panel per parametrisation sharing one LR axis, a
+  line per policy in the report's colour, its 95% bootstrap CI over seeds as error bars where
+  n >= 2. An optimum at the grid's edge is a bound, drawn as a triangle pointing outward. The y
+  axis is ticked at the grid's LRs, so "within one grid step" reads off the ticks; each panel
+  names every line's max/min ratio over the widths against the grid's step.
+- `loss_vs_lr_by_width.png` (mup's README figure): the validation bits per byte against LR, a
+  curve per width, small multiples by (parametrisation, policy) on one y scale. A panel is in its
+  policy's colour, the width in its shade (light: narrow, dark: wide); the located optimum is a
+  star on each curve; a diverged LR an x on the top edge; the count baselines drawn or named.
+
+`figures(rows, style)` returns both when the rows vary `model.d_model` over two widths or more
+on an LR grid, else nothing; the report's `plots.row_plots` adds them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from matplotlib.colors import to_rgb
+from matplotlib.figure import Figure
+
+from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import optimum, transfer
+from scale_ablation.analysis import plot_groups as groups
+from scale_ablation.analysis import plot_style as look
+
+NAMES = {"sp": "SP", "mup": "μP"}
+STYLES = {"sp": ("-", "o"), "mup": ("--", "s")}  # line style and marker per parametrisation
+
+
+def _width_rows(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get(transfer.WIDTH) not in (None, "")]
+
+
+def _parametrizations(found: dict) -> list[str]:
+    seen = list(dict.fromkeys(p for p, _ in found))
+    return sorted(seen, key=lambda p: (p not in STYLES, list(STYLES).index(p) if p in STYLES else 0))
+
+
+def _keys(style: look.Style) -> look.Keys:
+    """The report's policy colours; no second-axis entries (the panels say the parametrisation)."""
+    return look.Keys(look.Style(style.colours, {}))
+
+
+def _shade(colour: str, k: int, count: int) -> tuple[float, float, float]:
+    """The policy's colour mixed with white: the narrowest width lightest, the widest itself."""
+    mix = 0.0 if count < 2 else 0.65 * (count - 1 - k) / (count - 1)
+    return tuple(c + (1 - c) * mix for c in to_rgb(colour))
+
+
+def _draw_best(ax, by_width: dict[int, optimum.Optimum], line: dict, gid: str,
+               keys: look.Keys, dodge: float) -> None:
+    """The line of one policy, its x multiplied by `dodge` (a few percent) so that policies
+    with the same optimum (the usual case on a ×2 grid) stay visible side by side."""
+    widths = [w * dodge for w in sorted(by_width)]
+    found = [by_width[w] for w in sorted(by_width)]
+    stars = [o.lr_star for o in found]
+    cis = [o.lr_ci or (s, s) for o, s in zip(found, stars, strict=True)]
+    ax.plot(widths, stars, gid=gid, markersize=5, linewidth=1.4, **line)
+    # A percentile bootstrap need not hold the full sample's vertex: its bar then starts at it.
+    low = [max(s - lo, 0.0) for s, (lo, _) in zip(stars, cis, strict=True)]
+    high = [max(hi - s, 0.0) for s, (_, hi) in zip(stars, cis, strict=True)]
+    if any(o.n_seeds >= 2 for o in found):
+        ax.errorbar(widths, stars, yerr=[low, high], fmt="none", ecolor=line["color"],
+                    capsize=3, linewidth=1)
+    for w, o in zip(widths, found, strict=True):
+        if o.edge is not None:  # a bound: the true optimum lies beyond the grid
+            marker = "^" if o.edge == "high" else "v"
+            ax.plot([w], [o.lr_star], marker, color=line["color"], markersize=11,
+                    fillstyle="none")
+            keys.mark(f"{marker}: best LR at the grid's {o.edge} edge (a bound)",
+                      color="0.2", marker=marker, fillstyle="none", linestyle="none")
+
+
+def _ratio(ax, by_width: dict[int, optimum.Optimum], x: float, colour: str,
+           rise: float) -> None:
+    """The line's max/min best LR over the widths, right of its last point, `rise` points up
+    (lines that end together fan their labels out)."""
+    ratio, _, edge = transfer.spread(by_width)
+    last = by_width[max(by_width)].lr_star
+    ax.annotate(f"×{ratio:.2g}{' (edge)' if edge else ''}", xy=(x, last), xytext=(6, rise),
+                textcoords="offset points", va="center", fontsize=7, color=colour)
+
+
+def _best_panel(ax, param: str, mine: list[tuple[str, dict]], style: look.Style,
+                keys: look.Keys) -> None:
+    """One parametrisation's lines, a policy each, dodged sideways around the widths."""
+    linestyle, marker = STYLES.get(param, ("-", "o"))
+    for k, (policy, by_width) in enumerate(mine):
+        colour, dodge = style.colours.get(policy, "k"), 2 ** (0.05 * (k - (len(mine) - 1) / 2))
+        keys.series(policy, "", min(o.n_seeds for o in by_width.values()))
+        _draw_best(ax, by_width, {"color": colour, "linestyle": linestyle, "marker": marker},
+                   f"{param}|{policy}", keys, dodge)
+        _ratio(ax, by_width, max(by_width) * dodge, colour, rise=8 * ((len(mine) - 1) / 2 - k))
+    ax.set_title(NAMES.get(param, param), fontsize=9)
+
+
+def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
+    """A panel per parametrisation: the located best LR against width, a line per policy."""
+    found = {g: w for g, w in transfer.optima(rows).items() if len(w) >= 2}
+    if not found:
+        return None
+    params = _parametrizations(found)
+    fig, axes = look.panels(groups.Grid(tuple(params), (None,)), sharey=True)
+    keys, used = _keys(style), {(0, j) for j in range(len(params))}
+    widths = sorted({w for by_width in found.values() for w in by_width})
+    lrs = sorted({lr for by_width in found.values() for o in by_width.values() for lr in o.lrs})
+    for j, param in enumerate(params):
+        ax = axes[0][j]
+        _best_panel(ax, param, [(policy, by_width) for (p, policy), by_width in found.items()
+                                if p == param], style, keys)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(widths, [str(w) for w in widths], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_yticks(lrs, [f"{lr:.2g}" for lr in lrs], fontsize=7)
+        ax.minorticks_off()
+        ax.grid(axis="y", color="0.9", linewidth=0.8)  # the grid's LRs: one step apart
+        ax.set_ylim(lrs[0] / 1.5, lrs[-1] * 1.5)
+        ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.9)  # room for the ratios at the right
+    step = max(transfer.spread(by_width)[1] for by_width in found.values())
+    keys.mark(f"×r: max/min best LR over widths;\ntransfers when r ≤ the grid step ×{step:.2g}",
+              linestyle="none")
+    look.axis_labels(axes, used, "width (d_model)", "located best learning rate")
+    sizes = sorted(keys.sizes)
+    n = f"n = {sizes[0]}" if sizes[0] == sizes[-1] else f"n = {sizes[0]}–{sizes[-1]}"
+    ci = "\n95% bootstrap CI where n ≥ 2" if sizes[-1] >= 2 else ": no CI"
+    seeds = "seed" if sizes[-1] == 1 else "seeds"
+    return look.finish(fig, axes, used, keys, f"located optimum per width\n({n} {seeds}){ci}")
+
+
+def _curve(runs: list[dict], key: str) -> list[groups.Point]:
+    """Per LR: the mean and 95% CI of the completed runs' `key`."""
+    by_lr: dict = defaultdict(list)
+    for r in runs:
+        if (v := cmp.finished_value(r, key)) is not None:
+            by_lr[r["lr"]].append(v)
+    return [groups.Point(lr, *groups.summarise(vs), len(vs)) for lr, vs in sorted(by_lr.items())]
+
+
+def _diverged(ax, runs: list[dict], colour, keys: look.Keys) -> None:
+    """An x on the top edge at each LR where a run diverged."""
+    lrs = sorted({r["lr"] for r in runs if r["status"] == "diverged"})
+    if lrs:
+        ax.plot(lrs, [1.0] * len(lrs), "x", color=colour, markersize=7, clip_on=False,
+                transform=ax.get_xaxis_transform())
+        keys.mark("x (top edge): a run diverged", color="0.2", marker="x", linestyle="none")
+
+
+def _draw_width(ax, points: list[groups.Point], colour, gid: str, dodge: float) -> None:
+    """One width's curve; its error bars' x multiplied by `dodge` so the widths' bars at one LR
+    stand apart."""
+    ax.plot([p.x for p in points], [p.centre for p in points], gid=gid, color=colour,
+            marker="o", markersize=3, linewidth=1.3)
+    sized = [p for p in points if p.n >= 2]
+    if sized:
+        ax.errorbar([p.x * dodge for p in sized], [p.centre for p in sized],
+                    yerr=[[p.centre - p.low for p in sized], [p.high - p.centre for p in sized]],
+                    fmt="none", ecolor=colour, capsize=1.5, linewidth=0.8, alpha=0.7)
+
+
+def _star(ax, best: optimum.Optimum, shade, keys: look.Keys) -> None:
+    """The located optimum on its curve: filled when interior, hollow at the grid's edge."""
+    if best.interior:
+        ax.plot([best.lr_star], [best.loss_star], "*", color=shade, markersize=10,
+                markeredgecolor="k", markeredgewidth=0.5, zorder=3)
+        keys.mark("★ located optimum (fit)", color="0.5", marker="*", markersize=10,
+                  markeredgecolor="k", markeredgewidth=0.5, linestyle="none")
+        return
+    ax.plot([best.lr_star], [best.loss_star], "*", color=shade, markersize=11, fillstyle="none",
+            markeredgewidth=1.2, zorder=3)
+    keys.mark("☆ best at the grid's edge (a bound)", color="0.3", marker="*", markersize=11,
+              fillstyle="none", markeredgewidth=1.2, linestyle="none")
+
+
+def plot_loss_by_width(rows: list[dict], style: look.Style) -> Figure | None:
+    """Small multiples by (parametrisation, policy): loss against LR, a curve per width."""
+    key, _ = cmp.primary_metric(rows)
+    found = transfer.optima(rows)
+    runs: dict = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        group = (str(r.get(transfer.PARAMETRIZATION, "sp")), r["policy"])
+        runs[group][int(r[transfer.WIDTH])].append(r)
+    params = _parametrizations(runs)
+    policies = sorted(dict.fromkeys(policy for _, policy in runs), key=list(style.colours).index)
+    widths = sorted({w for by_width in runs.values() for w in by_width})
+    grid = groups.Grid(tuple(policies), tuple(params))
+    fig, axes = look.panels(grid, sharey=True)
+    keys, used = _keys(style), set()
+    for w in widths:
+        keys.mark(f"width {w}", color=_shade("0.15", widths.index(w), len(widths)), linewidth=2)
+    for (param, policy), by_width in runs.items():
+        i, j = grid.index(param, policy)
+        ax, colour = axes[i][j], style.colours.get(policy, "k")
+        used.add((i, j))
+        for width, members in sorted(by_width.items()):
+            k = widths.index(width)
+            shade = _shade(colour, k, len(widths))
+            if points := _curve(members, key):
+                keys.series(policy, "", min(p.n for p in points))
+                _draw_width(ax, points, shade, f"{param}|{policy}|{width}",
+                            dodge=2 ** (0.06 * (k - (len(widths) - 1) / 2)))
+            if (best := found.get((param, policy), {}).get(width)) is not None:
+                _star(ax, best, shade, keys)
+            _diverged(ax, members, shade, keys)
+        ax.set_title(f"{NAMES.get(param, param)}, {policy}", fontsize=9, color=colour)
+    for i, j in used:
+        look.lr_ticks(axes[i][j], sorted({r["lr"] for r in rows}))
+        look.baselines(axes[i][j], rows, "bpb", keys, corner="left")
+    look.axis_labels(axes, used, "learning rate", "final validation bits per byte")
+    return look.finish(fig, axes, used, keys, keys.title(
+        "hue: policy; shade: width\n(light narrow, dark wide)\nmean over seeds"))
+
+
+def figures(rows: list[dict], style: look.Style | None = None) -> dict[str, Figure]:
+    """The study's two figures, or {} unless the rows vary `model.d_model` (two widths or more)
+    on an LR grid."""
+    rows = _width_rows(rows)
+    if len({int(r[transfer.WIDTH]) for r in rows}) < 2 or not cmp.has_lr_grid(rows):
+        return {}
+    style = style or look.Style.of(rows)
+    out = {"best_lr_vs_width.png": plot_best_lr(rows, style),
+           "loss_vs_lr_by_width.png": plot_loss_by_width(rows, style)}
+    return {name: fig for name, fig in out.items() if fig is not None}
