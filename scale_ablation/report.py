@@ -67,16 +67,19 @@ def _baselines(config: dict) -> dict[str, float]:
 def _failures(run: dict, found: dict[str, float]) -> dict:
     """The failure taxonomy (`analysis.failures`) applied to the run's rows by today's rules, so
     that every run of a report is judged alike; summary.json's fields keep what the training
-    loop found, by the rules of its day, on the same rows."""
+    loop found, by the rules of its day, on the same rows. Spikes alone are taken from the
+    summary when it says they were judged on every step's loss (`failures.judged_spike_step`;
+    the rows hold every log_every-th step only); older runs' are judged on the rows."""
     def nats(key: str) -> float | None:
         return None if found.get(key) is None else baselines.bits_to_nats(found[key])
     warmup = run["config"]["train"].get("warmup_steps", 0)
     steps = failures.failure_steps(run["metrics"], warmup_steps=warmup,
-                                   unigram_loss=nats("baseline_unigram_bpb"))
+                                   unigram_loss=nats("baseline_unigram_bpb"),
+                                   summary=run["summary"])
     kinds = failures.classify(run["metrics"], warmup_steps=warmup,
                               unigram_loss=nats("baseline_unigram_bpb"),
                               bigram_loss=nats("baseline_bigram_bpb"),
-                              status=run["summary"].get("status"))
+                              status=run["summary"].get("status"), summary=run["summary"])
     return {**steps, "failures": ";".join(kinds)}
 
 

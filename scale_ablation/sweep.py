@@ -3,6 +3,7 @@ r"""Run an experiment's grid: one run directory per point, resumable, in-process
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
       [--parallel=N] [--noensemble] [--dry_run] [--extend] [--imports=my_policy.py] \
       [--add_policies=SPEC,...] [--plan] [--budget_hours=H] [--device=H200]
+      [--refine [--refine_rounds=N]]
 
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
 compiling and starting W&B than training, and one process shares all of that (and the compiled
@@ -16,6 +17,13 @@ and in every process the sweep starts; `--add_policies` adds policy specs to the
 at each setting of its other keys (`experiment.with_policies`). `--plan` prints what the runs
 still to run cost on `--device` and exits; `--budget_hours` refuses a sweep over it (exit 2),
 both writing nothing (`scale_ablation.training.planner`).
+
+`--refine` runs the sweep, then rounds that add learning rates at half the log spacing around
+each setting's best (one beyond it at a grid edge), one run per seed, until every setting's best
+is interior and bracketed at ×√2 or `--refine_rounds` rounds are recorded
+(`scale_ablation.training.refine_grid`); the report is written after the last round. Each
+round's points go into the sweep directory's refined.json before they run: rerunning the
+command continues where it stopped, and every later invocation of the sweep has them too.
 
 One sweep at a time writes a sweep directory (a lock; each run directory has its own too). A run
 already trained with other steps, warmup or lr is refused unless `--extend`. Exit codes: 0 every
@@ -35,13 +43,16 @@ from collections.abc import Sequence
 from absl import app, flags, logging
 
 from scale_ablation import report
+from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import optimum
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED
-from scale_ablation.training import hooks, plan_text, runs, runtime
+from scale_ablation.training import hooks, plan_text, refine_grid, runs, runtime
 from scale_ablation.training.compile_log import CompileLog
 from scale_ablation.training.progress import Progress
+from scale_ablation.training.refine_grid import REFINED_FILE
 from scale_ablation.training.sweep_grid import (  # noqa: F401 - the sweep's API
     Point,
     RecordedOutcomes,
@@ -100,6 +111,14 @@ _ADD_POLICIES = flags.DEFINE_list(
     "add_policies", [], "Policy specs to add to the experiment's grid, comma-separated: one more "
     "point per setting of the grid's other keys (e.g. per d_k and seed).")
 
+_REFINE = flags.DEFINE_bool(
+    "refine", False, "After the sweep, add learning rates around each setting's best until it "
+    "is interior and bracketed at ×√2 (rounds recorded in refined.json; resumable).")
+_REFINE_ROUNDS = flags.DEFINE_integer(
+    "refine_rounds", 4, "Most rounds --refine records in all (a ×4 grid needs two rounds to "
+    "reach ×√2, and an edge one more per step outwards).", lower_bound=1)
+
+
 def _run_flags(imports: tuple[str, ...]) -> RunFlags:
     return RunFlags(imports, extend=_EXTEND.value, verbose=_VERBOSE.value)
 
@@ -128,6 +147,7 @@ def main(argv: list[str]) -> int:
         runs.check_workdir(sweep_dir)
         check_added_policies(tuple(_ADD_POLICIES.value), imports)
         points = expand(_CONFIG.value, sweep_dir, tuple(_ADD_POLICIES.value))
+        points += refine_grid.recorded_points(sweep_dir, points)
         statuses = {p.name: run_status(sweep_dir, p) for p in points}
         check_finished_runs(sweep_dir, points, statuses, _EXTEND.value)
         extra_hooks = hooks.hooks_from_environment(dict(os.environ))
@@ -146,6 +166,12 @@ def main(argv: list[str]) -> int:
             print("            " + " ".join(command(_CONFIG.value, sweep_dir, point, _run_flags(imports))))
         print(f"{len(points)} runs, {len(todo)} to run")
         return 0
+    return _locked_sweep(sweep_dir, points, todo, imports, extra_hooks)
+
+
+def _locked_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
+                  imports: tuple[str, ...], extra_hooks: Sequence[hooks.Periodic]) -> int:
+    """The sweep (and --refine's rounds) holding the sweep directory and its runs' locks."""
     try:
         lock = locking.DirectoryLock(sweep_dir).acquire()  # one sweep per directory
     except ConfigError as error:
@@ -158,7 +184,10 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     try:
-        return _run_sweep(sweep_dir, points, todo, imports, extra_hooks, owned)
+        code = _run_sweep(sweep_dir, points, todo, imports, extra_hooks, owned,
+                          write_report=not _REFINE.value)
+        return _refine(sweep_dir, points, code, imports, extra_hooks, owned) if _REFINE.value \
+            else code
     finally:
         for run_lock in owned.values():
             run_lock.release(remove_created=True)  # a run never started leaves no directory
@@ -167,8 +196,10 @@ def main(argv: list[str]) -> int:
 
 def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
                imports: tuple[str, ...], extra_hooks: Sequence[hooks.Periodic],
-               owned: dict[str, locking.DirectoryLock] | None = None) -> int:
-    """Train `todo`, write sweep.json and the report; the sweep's exit code."""
+               owned: dict[str, locking.DirectoryLock] | None = None,
+               write_report: bool = True) -> int:
+    """Train `todo`, write sweep.json and the report (unless not `write_report`); the
+    sweep's exit code."""
     jsonfiles.remove_leftover_temporaries(sweep_dir)
     runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
     sweep_file = SweepFile(sweep_dir, _CONFIG.value, points, imports)
@@ -196,13 +227,67 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     if not complete:
         print("[sweep] preempted: rerun the same command to continue", flush=True)
         return 3
-    reported = _write_report(sweep_dir) if _REPORT.value else True
+    reported = _write_report(sweep_dir) if _REPORT.value and write_report else True
     missing = {name: status for name, status in final_statuses(
         sweep_dir, points, outcomes).items() if status not in FINISHED}
     if missing:
         print(f"[sweep] {len(missing)} of {len(points)} runs have no result: "
               + ", ".join(f"{name} ({status})" for name, status in missing.items()), flush=True)
     return EXIT_INCOMPLETE if missing or not (reported and sweep_file.written) else 0
+
+
+def _curves(sweep_dir: str) -> list[optimum.CurveOptimum]:
+    """Each setting's curve over the LR grid, as the report's best-LR table locates it."""
+    rows = [report.summarise_run(run) for run in report.load_runs(sweep_dir)]
+    key, higher = cmp.primary_metric(rows)
+    return optimum.curve_optima(rows, key, higher, n_boot=0)
+
+
+def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, ...],
+            extra_hooks: Sequence[hooks.Periodic],
+            owned: dict[str, locking.DirectoryLock]) -> int:
+    """--refine's rounds after the sweep's own runs (exit `code`), then the report; the
+    sweep's exit code. Each round is recorded before it runs, so a rerun resumes it."""
+    points = list(points)
+    while code != 3:  # preempted: rerun to continue
+        done = len(refine_grid.read_rounds(sweep_dir))
+        try:
+            proposals = refine_grid.propose(_curves(sweep_dir), {p.name: p for p in points})
+        except ValueError as error:  # a run's files are damaged
+            print(f"[refine] error: {error}", flush=True)
+            return EXIT_INCOMPLETE
+        for proposal in proposals:
+            print(f"[refine] {proposal.line()}", flush=True)
+        added = [entry for proposal in proposals for entry in proposal.added]
+        if not added or done >= _REFINE_ROUNDS.value:
+            _print_refined(proposals, added, done)
+            break
+        refine_grid.record_round(sweep_dir, added)
+        print(f"[refine] round {done + 1} of at most {_REFINE_ROUNDS.value}: {len(added)} runs "
+              f"added to {REFINED_FILE}", flush=True)
+        new = refine_grid.points_of(added, points)
+        points += new
+        owned.update(hold_runs(sweep_dir, new))
+        code = _run_sweep(sweep_dir, points, new, imports, extra_hooks, owned,
+                          write_report=False)
+    if code == 3:
+        return code
+    reported = _write_report(sweep_dir) if _REPORT.value else True
+    return code if reported else EXIT_INCOMPLETE
+
+
+def _print_refined(proposals: list[refine_grid.Proposal], added: list[dict], done: int) -> None:
+    waiting = sum(bool(p.curve.waiting) for p in proposals)
+    if added:
+        print(f"[refine] not added: --refine_rounds={_REFINE_ROUNDS.value} rounds are recorded; "
+              f"{sum(bool(p.lrs) for p in proposals)} settings are not yet interior and "
+              "bracketed at ×√2 (rerun with a larger --refine_rounds)", flush=True)
+    elif waiting:
+        print(f"[refine] {waiting} settings wait on runs that did not finish (rerun to "
+              "continue)", flush=True)
+    else:
+        print(f"[refine] every setting is interior and bracketed at ×√2 after {done} rounds",
+              flush=True)
 
 
 def _write_report(sweep_dir: str) -> bool:

@@ -8,7 +8,7 @@ from helpers import TINY_RUN as TINY
 from helpers import read_json, tiny_config
 
 from scale_ablation.analysis import baselines
-from scale_ablation.records.run_files import RunFiles
+from scale_ablation.records.run_files import RunFiles, StepLosses
 from scale_ablation.training import hooks, train
 
 
@@ -65,7 +65,8 @@ def test_failures_are_watched_as_rows_are_logged():
     config = tiny_config(**{"train.warmup_steps": 2})
     watch = hooks.watch_failures(config)
     unigram_nats = baselines.bits_to_nats(baselines.baselines(config.to_dict())["unigram_bpb"])
-    member = SimpleNamespace(summary_fields={}, start_step=0, trackers=SimpleNamespace(files=None))
+    member = SimpleNamespace(summary_fields={}, start_step=0, trackers=SimpleNamespace(files=None),
+                             step_losses=StepLosses(None, None))  # none: the rows are judged
     logged = {step: {"train/loss": 2.0 - 0.01 * step + 0.004 * (-1) ** (step // 2)}
               for step in range(2, 22, 2)}
     logged[14]["train/loss"] = 3.0

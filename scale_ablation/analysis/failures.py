@@ -11,14 +11,19 @@ the order of FAILURE_KINDS; an empty list means the run trains smoothly.
   status (summary.json) "diverged". Non-finite values are left out of every other rule.
 - spiked: a training loss, at a step after warmup, above the trend of the run's own recent
   losses by more than SPIKE_NOISE_FACTOR times its step-to-step noise and by at least
-  SPIKE_MIN_RISE nats. The trend is the median of the previous SPIKE_WINDOW logged losses
-  (warmup steps included), so it lags a descent (residuals are negative while the loss falls:
+  SPIKE_MIN_RISE nats. The series judged is every step's loss when the run has it (the loop
+  keeps it in train_losses.jsonl and judges its summary's `spike_step` on it, saying so in
+  `spike_judged_on`: EVERY_STEP), else, for runs made before it was kept, the losses of the
+  logged rows (every train.log_every steps: a spike that falls between two logged steps is not
+  seen). Each point of either series is one step's minibatch loss, so the noise and the bound
+  mean the same on both. The trend is the median of the previous SPIKE_WINDOW losses of the
+  series (warmup steps included), so it lags a descent (residuals are negative while the loss falls:
   no false alarms on a fast but smooth descent), is unmoved by one outlier, and sees a jump
   that does not come back down at its first step (a centred window would hide it). The noise
   is 1.4826 × MAD / √2 of the first differences of the post-warmup losses: differencing removes
   the slow trend, MAD ignores the spikes themselves, and for white noise of s.d. σ it estimates
   σ. At 6σ a Gaussian residual (s.d. about 1.08σ against a 10-point median) exceeds the bound
-  with probability ~1e-8, so a run of thousands of logged steps raises no false alarm; minibatch
+  with probability ~1e-8, so a run of tens of thousands of steps raises no false alarm; minibatch
   loss noise has heavier tails than that, which is what the margin is for. The absolute floor
   keeps a solved task from spiking: an MQAR run recalling 99% of queries moves between losses of
   0.02 and 0.06 (the last few errors), three times its minimum and nothing a researcher would
@@ -47,12 +52,12 @@ The baseline rules are skipped when the baseline is None (MQAR has no unigram or
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 SPIKE_WINDOW = 10  # logged losses in the trailing median
 SPIKE_MIN_HISTORY = 3  # a trend needs at least this many earlier losses
@@ -61,6 +66,8 @@ SPIKE_MIN_RISE = 0.1  # nats above the trend, whatever the noise
 ENTROPY_COLLAPSE = 0.05  # normalised attention entropy of a head
 COLLAPSE_MARGIN = 0.01  # relative: within 1% of the unigram loss counts as reaching it
 _MAD_TO_SD = 1.4826  # MAD × this estimates σ for Gaussian noise
+# summary.json's `spike_judged_on`: the series its `spike_step` was judged on.
+EVERY_STEP, LOGGED_ROWS = "every_step", "logged_rows"
 
 FAILURE_KINDS = ("diverged", "spiked", "entropy_collapsed", "not_learning", "collapsed")
 FAILURE_MEANINGS = {
@@ -110,28 +117,67 @@ def is_diverged(rows: Iterable[Mapping[str, Any]], status: str | None = None) ->
 def step_noise(values: Sequence[float]) -> float:
     """Robust s.d. of the point-to-point noise of a series: 1.4826 × MAD / √2 of its first
     differences (0 with fewer than three differences)."""
-    diffs = [b - a for a, b in itertools.pairwise(values)]
-    if len(diffs) < 3:
+    diffs = np.diff(np.asarray(values, dtype=float))
+    if diffs.size < 3:
         return 0.0
-    centre = statistics.median(diffs)
-    return _MAD_TO_SD * statistics.median(abs(d - centre) for d in diffs) / math.sqrt(2)
+    mad = np.median(np.abs(diffs - np.median(diffs)))
+    return float(_MAD_TO_SD * mad / math.sqrt(2))
+
+
+def _trailing_medians(values: np.ndarray, window: int) -> np.ndarray:
+    """[n]: the median of the (up to) `window` values before each one (nan for the first)."""
+    out = np.full(values.shape, np.nan)
+    for i in range(1, min(window, values.size)):  # the short windows at the start
+        out[i] = np.median(values[:i])
+    if values.size > window:  # [n - window, window]: the full windows, one per later value
+        windows = np.lib.stride_tricks.sliding_window_view(values[:-1], window)
+        out[window:] = np.median(windows, axis=1)
+    return out
 
 
 def spike_step(losses: Sequence[tuple[int, float]], *, warmup_steps: int,
                noise_factor: float = SPIKE_NOISE_FACTOR, min_rise: float = SPIKE_MIN_RISE,
                window: int = SPIKE_WINDOW) -> int | None:
     """The first step after warmup whose loss exceeds the median of the previous `window`
-    losses by more than noise_factor × step_noise (post-warmup) and by at least min_rise."""
+    losses by more than noise_factor × step_noise (post-warmup) and by at least min_rise.
+    Vectorised: the loop judges every step's loss of runs of 10^5 steps at each logged row."""
     series = [(s, v) for s, v in losses if math.isfinite(v)]
-    noise = step_noise([v for s, v in series if s > warmup_steps])
+    if len(series) <= SPIKE_MIN_HISTORY:
+        return None
+    steps = np.array([s for s, _ in series])
+    values = np.array([v for _, v in series], dtype=float)
+    noise = step_noise(values[steps > warmup_steps])
     bound = max(noise_factor * noise, min_rise)
-    for i, (step, value) in enumerate(series):
-        if step <= warmup_steps or i < SPIKE_MIN_HISTORY:
-            continue
-        trend = statistics.median(v for _, v in series[max(0, i - window):i])
-        if value - trend > bound:
-            return step
-    return None
+    judged = (steps > warmup_steps) & (np.arange(values.size) >= SPIKE_MIN_HISTORY)
+    judged[judged] = values[judged] - _trailing_medians(values, window)[judged] > bound
+    found = np.flatnonzero(judged)
+    return int(steps[found[0]]) if found.size else None
+
+
+def summary_spike(step_losses: Sequence[tuple[int, float]] | None, *,
+                  warmup_steps: int) -> dict[str, Any]:
+    """summary.json's spike fields: `spike_step` judged on every step's loss when the run has
+    them all, and `spike_judged_on` saying which series (without them, the loop's watch of the
+    logged rows keeps its `spike_step`)."""
+    if step_losses is None:
+        return {"spike_judged_on": LOGGED_ROWS}
+    return {"spike_step": spike_step(step_losses, warmup_steps=warmup_steps),
+            "spike_judged_on": EVERY_STEP}
+
+
+def judged_spike_step(rows: Sequence[Mapping[str, Any]], *, warmup_steps: int,
+                      step_losses: Sequence[tuple[int, float]] | None = None,
+                      summary: Mapping[str, Any] | None = None) -> int | None:
+    """The run's spike step by the best series at hand: the summary's `spike_step` when it says
+    it was judged on every step's loss (runs since train_losses.jsonl was kept), else
+    `step_losses` (every step's (step, loss), what the loop passes), else the logged rows'
+    train/loss (older runs, whose every-step losses were never kept: a spike between two
+    logged steps goes unseen there)."""
+    if summary is not None and summary.get("spike_judged_on") == EVERY_STEP:
+        found = _number(summary.get("spike_step"))
+        return None if found is None else int(found)
+    series = step_losses if step_losses is not None else finite_series(rows, "train/loss")
+    return spike_step(series, warmup_steps=warmup_steps)
 
 
 def _entropies(row: Mapping[str, Any]) -> list[float]:
@@ -177,13 +223,16 @@ def collapse_step(rows: Iterable[Mapping[str, Any]], *, warmup_steps: int, unigr
 
 def classify(rows: Sequence[Mapping[str, Any]], *, warmup_steps: int,
              unigram_loss: float | None, bigram_loss: float | None,
-             status: str | None = None) -> list[str]:
+             status: str | None = None,
+             step_losses: Sequence[tuple[int, float]] | None = None,
+             summary: Mapping[str, Any] | None = None) -> list[str]:
     """Every failure kind of FAILURE_KINDS that applies to the run, in that order ([] = trains
-    smoothly). A None baseline skips the rule that needs it."""
+    smoothly). A None baseline skips the rule that needs it. The spike is judged on the series
+    `judged_spike_step` picks from `summary`, `step_losses` and the rows."""
     found = {
         "diverged": is_diverged(rows, status),
-        "spiked": spike_step(finite_series(rows, "train/loss"),
-                             warmup_steps=warmup_steps) is not None,
+        "spiked": judged_spike_step(rows, warmup_steps=warmup_steps, step_losses=step_losses,
+                                    summary=summary) is not None,
         "entropy_collapsed": entropy_collapse_step(rows, warmup_steps=warmup_steps) is not None,
         "not_learning": bigram_loss is not None and not_learning(rows, bigram_loss=bigram_loss),
         "collapsed": unigram_loss is not None and collapse_step(
@@ -217,11 +266,15 @@ def row_failures(row: Mapping[str, Any]) -> list[str]:
 
 
 def failure_steps(rows: Sequence[Mapping[str, Any]], *, warmup_steps: int,
-                  unigram_loss: float | None) -> dict[str, int | None]:
+                  unigram_loss: float | None,
+                  step_losses: Sequence[tuple[int, float]] | None = None,
+                  summary: Mapping[str, Any] | None = None) -> dict[str, int | None]:
     """The first step of each failure that has one, for summary.json and the report:
-    {"spike_step", "entropy_collapse_step", "collapse_step"} (None: not seen)."""
+    {"spike_step", "entropy_collapse_step", "collapse_step"} (None: not seen; the spike by
+    `judged_spike_step`)."""
     return {
-        "spike_step": spike_step(finite_series(rows, "train/loss"), warmup_steps=warmup_steps),
+        "spike_step": judged_spike_step(rows, warmup_steps=warmup_steps,
+                                        step_losses=step_losses, summary=summary),
         "entropy_collapse_step": entropy_collapse_step(rows, warmup_steps=warmup_steps),
         "collapse_step": None if unigram_loss is None else collapse_step(
             rows, warmup_steps=warmup_steps, unigram_loss=unigram_loss),

@@ -34,20 +34,31 @@ Rules, stated once:
   outward, at an unknown distance); inside, the geometric midpoint between the best and each
   neighbour further than the target (halving the log spacing, so a ×4 grid needs two rounds).
   It returns [] when nothing is left to add.
+- Over a report's rows (`curve_optima`, what summary.md's best-LR table and `sweep --refine`
+  read): one curve per setting and d_k (`comparisons.curves`), over the seeds every LR of it
+  has; a run that completed gives its value of the validation metric, a diverged one None
+  (ranks below every finished LR); an LR with a run yet to finish (pending, preempted, failed,
+  interrupted) is left out, and the curve is `waiting` on it. A metric where higher is better
+  (MQAR's accuracy) is located as its negative.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from scale_ablation.analysis import comparisons as cmp
+
 TARGET_RATIO = 2**0.5  # a ×√2 bracket: the optimum known to within a factor of 1.19 either way
 CONFIDENCE = 0.95
 N_BOOT = 1000
-_RATIO_TOLERANCE = 1e-9  # relative: a ×√2 spacing computed in floats still counts as √2
+# Relative: a ×√2 spacing computed in floats, or rounded to 6 significant digits for a run's
+# name (`sweep --refine`), still counts as √2.
+_RATIO_TOLERANCE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,3 +198,63 @@ def refine_points(lrs: Sequence[float], mean_losses: Sequence[float | None],
     limit = target_ratio * (1 + _RATIO_TOLERANCE)
     return [math.sqrt(grid[best] * grid[side]) for side in (best - 1, best + 1)
             if max(grid[best], grid[side]) / min(grid[best], grid[side]) > limit]
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveOptimum:
+    """The located optimum of one setting's curve over the LR grid (`curve_optima`)."""
+
+    setting: str
+    policy: str
+    d_k: int
+    found: Optimum | None  # None: not located (`reason`)
+    reason: str | None
+    runs: dict[float, tuple[dict, ...]]  # LR -> the runs of the curve's seeds there
+    waiting: tuple[float, ...] = ()  # LRs left out: some run there has not finished
+    higher_is_better: bool = False
+
+    def value(self, loss: float) -> float:
+        """A located loss in the metric's own sign (the fit minimises the negated accuracy)."""
+        return -loss if self.higher_is_better else loss
+
+
+_FINAL = ("completed", "diverged")
+
+
+def _curve(name: str, d_k: int, by_lr: dict[float, list[dict]], key: str, higher: bool,
+           n_boot: int, seed: int) -> CurveOptimum:
+    seeds = set.intersection(*({r["seed"] for r in runs} for runs in by_lr.values()))
+    runs = {lr: tuple(r for r in by_lr[lr] if r["seed"] in seeds) for lr in sorted(by_lr)}
+    waiting = tuple(lr for lr, rs in runs.items() if any(r["status"] not in _FINAL for r in rs))
+    lrs = [lr for lr in runs if lr not in waiting]
+    policy = next(iter(by_lr.values()))[0]["policy"]
+    made = functools.partial(CurveOptimum, name, policy, d_k, runs=runs, waiting=waiting,
+                             higher_is_better=higher)
+    if not seeds:
+        return made(None, "no seed was run at every learning rate")
+    if len(lrs) < 2:
+        return made(None, f"{len(lrs)} learning rate(s) finished")
+    sign = -1.0 if higher else 1.0
+    values = {lr: {r["seed"]: cmp.finished_value(r, key) for r in runs[lr]} for lr in lrs}
+    losses = {s: [None if values[lr][s] is None else sign * values[lr][s] for lr in lrs]
+              for s in sorted(seeds)}
+    try:
+        return made(fit_optimum(lrs, losses, n_boot=n_boot, seed=seed), None)
+    except ValueError as error:  # every LR failed for some seed
+        return made(None, str(error))
+
+
+def curve_optima(rows: list[dict], key: str, higher_is_better: bool = False, *,
+                 n_boot: int = N_BOOT, seed: int = 0) -> list[CurveOptimum]:
+    """Per (setting, d_k) with two or more learning rates, its located optimum of `key` (a
+    report row key, the validation metric that chooses), by the rules above."""
+    return [_curve(name, d_k, by_lr, key, higher_is_better, n_boot, seed)
+            for (name, d_k), by_lr in cmp.curves(rows).items() if len(by_lr) >= 2]
+
+
+def refinements(curve: CurveOptimum, target_ratio: float = TARGET_RATIO) -> list[float]:
+    """The LRs `refine_points` adds to a located curve ([] when it is interior and bracketed,
+    when it waits on runs, or when nothing was located: no direction to go)."""
+    if curve.found is None or curve.waiting:
+        return []
+    return refine_points(curve.found.lrs, curve.found.mean_losses, target_ratio)

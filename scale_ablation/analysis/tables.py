@@ -9,6 +9,11 @@ Failed runs are marked in their cell: `diverged@STEP` (non-finite loss; no final
 `spiked@STEP`, `entropy_collapsed@STEP` and `collapsed@STEP` (the failure taxonomy of
 `failures.py`; their final values still count). The failed-runs table names every kind,
 `not_learning` included.
+
+The best-LR table gives each setting's located optimum (`optimum.curve_optima`: the vertex of a
+parabola in log LR through the grid's best point and its neighbours, with a bootstrap CI over
+seeds) beside the grid's best point, how finely the grid brackets it, and a note where the
+optimum is only a bound (at the grid's edge) or not located.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import math
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import failures, stats
+from scale_ablation.analysis import failures, optimum, stats
 
 BASELINE_KEYS = {
     "lm": (("baseline_unigram_bpb", "unigram"), ("baseline_bigram_bpb", "bigram")),
@@ -96,18 +101,59 @@ def noise_floor_lines(rows: list[dict], reference: str, key: str) -> list[str]:
             "Differences smaller than this are not resolved by single runs.", ""]
 
 
-def best_lr_table(rows: list[dict], best: list[cmp.BestLR], key: str) -> list[str]:
+def located(curve: optimum.CurveOptimum | None) -> tuple[str, str]:
+    """(located LR with its 95% CI, the bracket) of a curve, as table cells."""
+    found = curve.found if curve is not None else None
+    if found is None:
+        return "—", "—"
+    if not found.interior:  # the optimum lies beyond the grid: a bound, not a location
+        return (f"{'≤' if found.edge == 'low' else '≥'} {found.best_lr:.3g}", "edge")
+    bracket = f"×{found.bracketed_at:.3g}"
+    if not found.fitted:  # a neighbour failed: no parabola through it
+        return f"{found.best_lr:.3g} (not fitted: a neighbour failed)", bracket
+    ci = found.lr_ci
+    interval = f"{ci[0]:.3g}–{ci[1]:.3g}" if ci else "no CI: 1 seed"
+    return f"{found.lr_star:.3g} ({interval})", bracket
+
+
+def _located_note(curve: optimum.CurveOptimum | None) -> str:
+    if curve is None:
+        return ""
+    notes = [f"waiting on LR {', '.join(f'{lr:.3g}' for lr in curve.waiting)}"] \
+        if curve.waiting else []
+    if curve.found is None:
+        notes.append(f"not located: {curve.reason}")
+    elif curve.found.bracketed_at > optimum.TARGET_RATIO * (1 + 1e-4) and curve.found.interior:
+        notes.append("coarser than ×√2 (`sweep --refine`)")
+    return "; ".join(notes)
+
+
+def best_lr_table(rows: list[dict], best: list[cmp.BestLR], key: str,
+                  curves: list[optimum.CurveOptimum] = ()) -> list[str]:
+    """Per setting: the located optimum and its bootstrap CI over seeds, the grid's best LR
+    beside it, the bracket (the larger ratio to the best point's neighbours) and the grid."""
+    by_curve = {(c.setting, c.d_k): c for c in curves}
     lines = ["## Best learning rate per setting", "", *baseline_line(rows, key),
-             "| policy | d_k | best LR | grid | final at best LR | unstable at best LR | note |",
-             "|---|---|---|---|---|---|---|"]
+             "Located LR: the vertex of a parabola in log LR through the grid's best point and "
+             "its neighbours (mean over seeds), 95% bootstrap CI over seeds "
+             "(scale_ablation/analysis/optimum.py); the runs exist at the grid's best.", "",
+             "| policy | d_k | located LR (95% CI) | grid best LR | bracket | grid | "
+             "final at grid best | unstable at grid best | note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for b in best:
+        curve = by_curve.get((b.setting, b.d_k))
+        lr_star, bracket = located(curve)
         grid = f"{b.grid[0]:.3g}–{b.grid[-1]:.3g} ({len(b.grid)})"
+        note = _located_note(curve)
         if b.lr is None:
-            lines.append(f"| {b.setting} | {b.d_k} | — | {grid} | — | — | no LR completed |")
+            lines.append(f"| {b.setting} | {b.d_k} | {lr_star} | — | {bracket} | {grid} | — | — "
+                         f"| {'; '.join(filter(None, ['no LR completed', note]))} |")
             continue
-        note = "WARNING: best LR at the grid edge" if b.at_edge else ""
-        lines.append(f"| {b.setting} | {b.d_k} | {b.lr:.3g} | {grid} | {b.estimate.format()} "
-                     f"| {' '.join(marks(list(b.runs))) or 'none'} | {note} |")
+        note = "; ".join(filter(None, ["WARNING: best LR at the grid edge" if b.at_edge else "",
+                                       note]))
+        lines.append(f"| {b.setting} | {b.d_k} | {lr_star} | {b.lr:.3g} | {bracket} | {grid} "
+                     f"| {b.estimate.format()} | {' '.join(marks(list(b.runs))) or 'none'} "
+                     f"| {note} |")
     return lines
 
 
@@ -243,7 +289,7 @@ def write_markdown(rows: list[dict], path: str, reference: str = cmp.DEFAULT_REF
                                   "Largest |attention logit| during training (max over layers)",
                                   digits=1)]
     if best:
-        lines += ["", *best_lr_table(rows, best, key)]
+        lines += ["", *best_lr_table(rows, best, key, optimum.curve_optima(rows, key, higher))]
         at_best = cmp.paired_best_lr(best, reference, key, higher)
         if at_best:
             lines += ["", *paired_table(at_best, reference, key,

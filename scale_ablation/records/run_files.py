@@ -1,4 +1,5 @@
-"""A run directory's record of truth: config.json, metrics.jsonl and summary.json.
+"""A run directory's record of truth: config.json, metrics.jsonl and summary.json, and every
+step's training loss in train_losses.jsonl (`StepLosses`).
 
 They are written whatever the W&B mode, by plain Python, and the report reads only them.
 """
@@ -7,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from scale_ablation.records import jsonfiles
 from scale_ablation.records.redaction import scrub_secrets
@@ -36,6 +40,9 @@ SUMMARY_FIELDS = (
     "entropy_collapse_step",  # first one-hot attention head after warmup (`analysis.failures`)
     "collapse_step",  # first collapse to the unigram loss (`analysis.failures`)
     "failures",  # every failure kind of the run (`analysis.failures.FAILURE_KINDS`; []: none)
+    # The series spike_step was judged on: "every_step" (train_losses.jsonl) or "logged_rows"
+    # (a run resumed from one made before every step's loss was kept); null in older runs.
+    "spike_judged_on",
     "wall_seconds",
     "tokens_per_second",
     # What the run consumed and what reproduces it (`provenance`).
@@ -225,3 +232,78 @@ class RunFiles:
 
     def finish(self, exit_code: int = 0) -> None:
         """Every write is on disk when it returns: nothing to close."""
+
+
+STEP_LOSSES_FILE = "train_losses.jsonl"
+
+
+class StepLosses:
+    """Every step's training loss of a run, in memory and in train_losses.jsonl.
+
+    One line per dispatched program (a chunk of steps): `{"step": FIRST, "train/loss": [...]}`,
+    the losses of steps FIRST, FIRST+1, ... as float32 values (null where non-finite). Resuming
+    from a checkpoint at step S cuts the file back to S, so that the steps retrained after it
+    are not there twice. Lines are appended without fsync: a killed process's writes survive in
+    the page cache; a machine crash may lose the last lines, and then the series is no longer
+    `complete` (the failure rules fall back to the logged rows, `analysis.failures`).
+    `path=None` (a process that writes no run files): memory only.
+    """
+
+    def __init__(self, path: str | os.PathLike | None, resume_step: int | None) -> None:
+        self.path = None if path is None else Path(path)
+        self.losses: list[tuple[int, float]] = (
+            [] if self.path is None else self._cut_after(-1 if resume_step is None else resume_step))
+        self._written = len(self.losses)
+
+    def _read(self) -> list[tuple[int, float]]:
+        """The intact lines' losses, in order; reading stops at the first damaged line."""
+        try:
+            lines = self.path.read_text(encoding="utf-8").split("\n")[:-1]  # last: torn or ""
+        except FileNotFoundError:
+            return []
+        out: list[tuple[int, float]] = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+                first, values = int(record["step"]), record["train/loss"]
+                out += [(first + i, math.nan if v is None else float(v))
+                        for i, v in enumerate(values)]
+            except (ValueError, KeyError, TypeError):
+                break
+        return out
+
+    def _cut_after(self, step: int) -> list[tuple[int, float]]:
+        kept = [(s, v) for s, v in self._read() if s <= step]
+        if self.path.exists():
+            lines, start = [], 0
+            for i in range(1, len(kept) + 1):  # one line per stretch of consecutive steps
+                if i == len(kept) or kept[i][0] != kept[i - 1][0] + 1:
+                    lines.append(_losses_line(kept[start:i]))
+                    start = i
+            jsonfiles.write_text_atomic(self.path, "".join(lines))
+        return kept
+
+    def add(self, step: int, loss: float) -> None:
+        self.losses.append((int(step), float(loss)))
+
+    def write(self) -> None:
+        """Append the losses added since the last write as one line."""
+        new = self.losses[self._written:]
+        if self.path is None or not new:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(_losses_line(new))
+        self._written = len(self.losses)
+
+    def complete(self) -> list[tuple[int, float]] | None:
+        """(step, loss) of steps 1, 2, ..., last with none missing, or None when some are (or
+        none was recorded)."""
+        steps = [s for s, _ in self.losses]
+        return self.losses if steps and steps == list(range(1, len(steps) + 1)) else None
+
+
+def _losses_line(losses: Sequence[tuple[int, float]]) -> str:
+    """One line of train_losses.jsonl; float32's shortest digits keep it compact."""
+    values = [float(str(np.float32(v))) if math.isfinite(v) else None for _, v in losses]
+    return jsonfiles.json_line({"step": losses[0][0], "train/loss": values}) + "\n"

@@ -61,7 +61,9 @@ def watch_failures(config: ml_collections.ConfigDict) -> Periodic:
     first step of a spike, an entropy collapse and a collapse go into summary.json and W&B as
     soon as they are seen (the row gets `train/spiked`, `attn/entropy_collapsed` or
     `val/collapsed`), and at the last step the run's failure kinds (`failures`, empty when it
-    trains smoothly) join its summary."""
+    trains smoothly) join its summary. Spikes are judged on every step's loss
+    (`Member.step_losses`) when the run has them all, else on the logged rows; the summary's
+    `spike_step` is judged once more on the whole series when the run ends (`Member.finish`)."""
     base = baselines.baselines(config.to_dict())
     unigram = baselines.bits_to_nats(base["unigram_bpb"]) if "unigram_bpb" in base else None
     bigram = baselines.bits_to_nats(base["bigram_bpb"]) if "bigram_bpb" in base else None
@@ -76,14 +78,16 @@ def watch_failures(config: ml_collections.ConfigDict) -> Periodic:
                         for r in member.trackers.files.read_metrics())  # a resumed run's
         if watched := _watched(tick.row):
             rows.append({"step": tick.step, **watched})
-            found = failures.failure_steps(rows, warmup_steps=warmup, unigram_loss=unigram)
+            found = failures.failure_steps(rows, warmup_steps=warmup, unigram_loss=unigram,
+                                           step_losses=member.step_losses.complete())
             for field, metric in marks:
                 if found[field] is not None and member.summary_fields.get(field) is None:
                     member.summary_fields[field] = found[field]
                     tick.row[metric] = 1.0
         if tick.last:
             member.summary_fields["failures"] = failures.classify(
-                rows, warmup_steps=warmup, unigram_loss=unigram, bigram_loss=bigram)
+                rows, warmup_steps=warmup, unigram_loss=unigram, bigram_loss=bigram,
+                step_losses=member.step_losses.complete())
 
     return Periodic(1, watch, reads_state=False)
 

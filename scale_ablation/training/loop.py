@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from scale_ablation.records.run_files import SUMMARY_FIELDS
+from scale_ablation.analysis import failures
+from scale_ablation.records.run_files import STEP_LOSSES_FILE, SUMMARY_FIELDS, StepLosses
 from scale_ablation.records.tracking import RunTrackers, open_trackers
 from scale_ablation.records.wandb_tracker import WandbSettings
 from scale_ablation.training import provenance, runtime
@@ -125,6 +126,10 @@ class Member:
             wandb=run_wandb_settings(run),
             resume_step=run.resume_step, enable=jax.process_index() == 0)
         self.last = {"train/loss": self._logged_train_loss(), "val/loss": None, "val/bpb": None}
+        self.step_losses = StepLosses(  # every step's, which the spike rule judges
+            os.path.join(run.workdir, STEP_LOSSES_FILE) if self.trackers.files is not None
+            else None,
+            run.resume_step)
         self.test: dict[str, float] = {}  # the test split's scores, once the run has ended
 
     def _warn_if_repeated(self) -> None:
@@ -180,6 +185,7 @@ class Member:
         """Divergence check, then the due hooks. Sets `summary` if the run diverged."""
         if tick.timed:
             self.clock.add(tick.step_seconds)
+        self.step_losses.add(tick.step, tick.metrics["train/loss"])
         if not tick.metrics.pop("train/finite"):
             self.trackers.log(tick.step, {**tick.metrics, "train/diverged": 1.0})
             print(f"{self.label}step {tick.step}: non-finite loss or gradient norm, "
@@ -208,6 +214,7 @@ class Member:
 
     def finish(self, status: str, step: int, **extra) -> None:
         """Write the summary and close the member's trackers and checkpoints."""
+        self.step_losses.write()
         summary = {
             "status": status,
             "steps_completed": step,
@@ -221,6 +228,8 @@ class Member:
             "wall_seconds": self.clock.wall_seconds,
             "tokens_per_second": self.clock.tokens_per_second,
             **self.summary_fields,
+            **failures.summary_spike(self.step_losses.complete(),
+                                     warmup_steps=self.config.train.warmup_steps),
             **provenance.consumption(self.config, self.parameter_counts, step, self.train_tokens),
             "environment": self.environment,
             **extra,
@@ -369,6 +378,8 @@ def _after_steps(members: list[Member], active: list[int], axis: MemberAxis, don
                 end_state=end_state))
             if members[index].summary is not None:
                 active.remove(index)
+    for index in active:  # one line per program: every step's loss (finish wrote the others')
+        members[index].step_losses.write()
 
 
 def _interior_state() -> TrainState:
