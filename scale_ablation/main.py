@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    runtime.maybe_initialize(_DISTRIBUTED.value, cluster)
+    watch = runtime.maybe_initialize(_DISTRIBUTED.value, cluster)
     try:
         # Before the compile cache (a directory beside the workdir) is set up.
         runs.check_before_start(config, _WORKDIR.value, extend=_EXTEND.value)
@@ -101,6 +101,8 @@ def main(argv: list[str]) -> int:
         return 2
     if config.train.get("compilation_cache", True):
         runtime.enable_compilation_cache(_WORKDIR.value)
+    if watch is not None:  # a hung peer: its partners record these members failed
+        extra_hooks = [*extra_hooks, hooks.Periodic(1, watch.record, reads_state=False)]
     return _train(config, extra_hooks)
 
 

@@ -9,6 +9,8 @@ SCALE_ABLATION_SIGNAL_AT (the run signals itself after a given step).
 
 import contextlib
 import os
+import re
+import signal
 import socket
 import subprocess
 import tempfile
@@ -21,6 +23,11 @@ from test_sharding import REPO, TINY, command, losses
 
 DEVICES_PER_PROCESS = 2
 SETTINGS = {"train.fsdp": 4, "wandb.mode": "offline"}
+HEARTBEAT = 10  # --heartbeat_timeout, seconds
+# The one line a process leaves with when a peer is lost, dead or hung; group 1: why.
+LOST_PEER = re.compile(r"error: process (\d) of 2: a collective with the other processes failed, "
+                       r"most likely one of them died \((.+)\); restart every process to resume "
+                       r"from the last checkpoint")
 
 
 def free_port() -> int:
@@ -41,26 +48,37 @@ def environment(devices: int, signal_at: str = "") -> dict:
 def run_two(workdir, signal_at=("", "")) -> list[subprocess.CompletedProcess]:
     """Both processes to the end; signal_at[i]: process i's SCALE_ABLATION_SIGNAL_AT. Each
     result has `.exited`, the monotonic time its process was seen to end."""
-    port = free_port()
     with contextlib.ExitStack() as stack:
-        processes, logs = [], []
-        for rank in (0, 1):
-            cluster = [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                       f"--process_id={rank}", "--heartbeat_timeout=10"]
-            # Files, not pipes: the loop below polls both processes and reads nothing meanwhile.
-            logs.append([stack.enter_context(tempfile.TemporaryFile("w+")) for _ in "oe"])
-            processes.append(subprocess.Popen(
-                command(workdir, **SETTINGS) + cluster, cwd=REPO,
-                env=environment(DEVICES_PER_PROCESS, signal_at[rank]),
-                stdout=logs[-1][0], stderr=logs[-1][1], text=True))
-        exited = wait_all(processes, timeout=300)
-        results = []
-        for process, (out, err), when in zip(processes, logs, exited, strict=True):
-            out.seek(0)
-            err.seek(0)
-            results.append(subprocess.CompletedProcess(process.args, process.returncode,
-                                                       out.read(), err.read()))
-            results[-1].exited = when
+        processes, logs = start_two(workdir, signal_at, stack)
+        return results_of(processes, logs, wait_all(processes, timeout=300))
+
+
+def start_two(workdir, signal_at, stack) -> tuple[list[subprocess.Popen], list]:
+    """The two processes started, each writing stdout and stderr to files `stack` closes."""
+    port = free_port()
+    processes, logs = [], []
+    for rank in (0, 1):
+        cluster = [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                   f"--process_id={rank}", f"--heartbeat_timeout={HEARTBEAT}"]
+        # Files, not pipes: the callers poll the processes and read nothing meanwhile. The
+        # caller's stack closes them.
+        logs.append([stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115
+                     for _ in "oe"])
+        processes.append(subprocess.Popen(
+            command(workdir, **SETTINGS) + cluster, cwd=REPO,
+            env=environment(DEVICES_PER_PROCESS, signal_at[rank]),
+            stdout=logs[-1][0], stderr=logs[-1][1], text=True))
+    return processes, logs
+
+
+def results_of(processes, logs, exited) -> list[subprocess.CompletedProcess]:
+    results = []
+    for process, (out, err), when in zip(processes, logs, exited, strict=True):
+        out.seek(0)
+        err.seek(0)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode,
+                                                   out.read(), err.read()))
+        results[-1].exited = when
     return results
 
 
@@ -140,8 +158,7 @@ def test_preempted_then_killed_run_resumes_to_the_uninterrupted_losses(two_proce
     assert killed[1].returncode == -9
     assert killed[0].returncode == 1, killed[0].stderr[-3000:]
     last_line = killed[0].stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: process 0 of 2: a collective with the other processes "
-                                "failed"), killed[0].stderr[-3000:]
+    assert LOST_PEER.fullmatch(last_line), killed[0].stderr[-3000:]
     assert "Traceback" not in killed[0].stderr
     assert killed[0].exited - killed[1].exited < 60
     assert read_json(workdir / "summary.json")["status"] == "failed"
@@ -154,3 +171,57 @@ def test_preempted_then_killed_run_resumes_to_the_uninterrupted_losses(two_proce
     assert final["final_train_loss"] == reference["final_train_loss"]
     assert final["final_val_loss"] == reference["final_val_loss"]
     assert losses(workdir) == losses(two_processes)
+
+
+def is_stopped(process: subprocess.Popen) -> bool:
+    """The process is stopped (state T in /proc/PID/stat, after its name in parentheses)."""
+    with open(f"/proc/{process.pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0] in ("T", "t")
+
+
+def run_with_one_stopped(workdir, stopped: int) -> tuple[subprocess.CompletedProcess, float]:
+    """Process `stopped` sends itself SIGSTOP after step 14; the other runs until it ends.
+    Returns the other's result and the seconds from the stop being seen to its end. Every
+    child is killed and continued before this returns, however it returns."""
+    signal_at = ["", ""]
+    signal_at[stopped] = "14:SIGSTOP"
+    with contextlib.ExitStack() as stack:
+        processes, logs = start_two(workdir, signal_at, stack)
+        try:
+            survivor, deadline, seen = processes[1 - stopped], time.monotonic() + 300, None
+            while survivor.poll() is None and time.monotonic() < deadline:
+                if seen is None and processes[stopped].poll() is None and is_stopped(
+                        processes[stopped]):
+                    seen = time.monotonic()
+                time.sleep(0.05)
+            ended = time.monotonic()
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    os.kill(process.pid, signal.SIGCONT)  # not reaped yet: still this child
+                process.wait(timeout=60)
+        assert seen is not None, "the process never stopped"
+        return results_of(processes, logs, [ended, ended])[1 - stopped], ended - seen
+
+
+@pytest.mark.slow  # a minute or two on 2 cores: `-m slow`
+@pytest.mark.parametrize("stopped", [1, 0], ids=["peer_stopped", "coordinator_stopped"])
+def test_a_hung_peer_ends_the_other_within_the_heartbeat_bound(tmp_path, stopped):
+    """SIGSTOP to one process (it hangs, its sockets stay open): the other leaves within
+    --heartbeat_timeout + SLACK with the dead peer's one line and exit 1, not JAX's abort at
+    twice the bound; process 0, when it is the survivor, records the run failed."""
+    slack = 8  # the watch's 1 s period, its recording of the members (half the bound at most)
+    workdir = tmp_path / "run"
+    result, seconds = run_with_one_stopped(workdir, stopped)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert seconds <= HEARTBEAT + slack, (seconds, result.stderr[-3000:])
+    last_line = result.stderr.strip().splitlines()[-1]
+    match = LOST_PEER.fullmatch(last_line)
+    assert match and int(match.group(1)) == 1 - stopped, result.stderr[-3000:]
+    assert "no heartbeat" in match.group(2) or "did not answer" in match.group(2)
+    for noise in ("Traceback", "Check failure", "Fatal Python error"):
+        assert noise not in result.stderr, result.stderr[-3000:]
+    if stopped == 1:
+        summary = read_json(workdir / "summary.json")
+        assert summary["status"] == "failed" and "no heartbeat" in summary["error"], summary

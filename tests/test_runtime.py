@@ -7,6 +7,8 @@ the same call with JAX's own detection.
 """
 
 import subprocess
+import threading
+import time
 
 import jax
 import pytest
@@ -36,11 +38,12 @@ def test_one_process_joins_nothing(calls):
 
 
 def test_explicit_cluster_is_passed_on_with_the_timeouts(calls):
+    """JAX's heartbeat bound is twice ours: a backstop behind `PeerWatch`, which ends first."""
     cluster = runtime.Cluster("127.0.0.1:4321", 2, 1, heartbeat_timeout=7, shutdown_timeout=9)
     runtime.maybe_initialize("auto", cluster)
     assert calls["initialize"] == [{
         "coordinator_address": "127.0.0.1:4321", "num_processes": 2, "process_id": 1,
-        "heartbeat_timeout_seconds": 7, "shutdown_timeout_seconds": 9}]
+        "heartbeat_timeout_seconds": 14, "shutdown_timeout_seconds": 9}]
     assert ("jax_cpu_collectives_implementation", "gloo") in calls["config"]
 
 
@@ -53,7 +56,7 @@ def test_slurm_and_tpu_slices_use_jax_detection_through_the_same_call(calls, mon
     defaults = runtime.Cluster()
     assert calls["initialize"] == [{
         "coordinator_address": None, "num_processes": None, "process_id": None,
-        "heartbeat_timeout_seconds": defaults.heartbeat_timeout,
+        "heartbeat_timeout_seconds": 2 * defaults.heartbeat_timeout,
         "shutdown_timeout_seconds": defaults.shutdown_timeout}]
 
 
@@ -84,3 +87,105 @@ def test_bad_cluster_flags_fail_in_one_line_before_the_workdir(tmp_path, flags, 
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert not workdir.exists()
 
+
+
+class Store:
+    """JAX's key-value store as PeerWatch uses it; `answering` False: calls block (a stopped
+    coordinator)."""
+
+    def __init__(self):
+        self.values, self.answering = {}, threading.Event()
+        self.answering.set()
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        self.answering.wait()
+        self.values[key] = value
+
+    def key_value_dir_get(self, prefix):
+        self.answering.wait()
+        return [(k, v) for k, v in self.values.items() if k.startswith(prefix)]
+
+
+class Member:
+    def __init__(self, summary=None):
+        self.summary, self.failed = summary, []
+
+    def fail(self, error):
+        self.failed.append(error)
+
+
+def watch_with(store, timeout=0.6, rank=0, count=2):
+    ended = threading.Event()
+    watch = runtime.PeerWatch(store, rank, count, timeout, period=0.05,
+                              end=lambda code: ended.set() or ended.__setattr__("code", code))
+    return watch, ended
+
+
+def test_a_beating_peer_is_not_lost_and_a_silent_one_is(capsys):
+    """A peer's counter moving keeps it alive; once it stops, the watch records the running
+    member failed (the finished one not), prints the one line and ends with status 1, within
+    the timeout and a few periods."""
+    store = Store()
+    watch, ended = watch_with(store)
+    running, finished = Member(), Member(summary={"status": "completed"})
+    watch.record(running, None)
+    watch.record(finished, None)
+    watch.start()
+    try:
+        for beat in range(30):  # 1.5 s, more than twice the timeout
+            store.values["scale_ablation/heartbeat/1"] = str(beat)
+            time.sleep(0.05)
+        assert not ended.is_set()
+        silent = time.monotonic()
+        assert ended.wait(5)
+        # Its last beat was seen up to a period after it was written.
+        assert 0.6 - 0.05 <= time.monotonic() - silent <= 0.6 + 0.5
+    finally:
+        watch.stop()
+    assert ended.code == 1 and finished.failed == []
+    (error,) = running.failed
+    assert isinstance(error, TimeoutError) and "process 1 sent no heartbeat" in str(error)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("error: process 0 of 1: a collective with the other processes failed")
+    assert "process 1 sent no heartbeat" in line and "\n" not in line
+
+
+def test_a_peer_that_ended_normally_is_not_lost():
+    store = Store()
+    store.values["scale_ablation/heartbeat/1"] = "done"
+    watch, ended = watch_with(store)
+    watch.start()
+    try:
+        assert not ended.wait(1.5)
+    finally:
+        watch.stop()
+    assert store.values["scale_ablation/heartbeat/0"] == "done"
+
+
+def test_a_coordinator_that_stops_answering_is_lost_too():
+    store = Store()
+    watch, ended = watch_with(store, rank=1)
+    watch.start()
+    try:
+        for beat in range(10):
+            store.values["scale_ablation/heartbeat/0"] = str(beat)
+            time.sleep(0.05)
+        store.answering.clear()
+        assert ended.wait(5)
+    finally:
+        store.answering.set()
+        watch.stop()
+
+
+def test_the_clocks_restart_after_this_process_stood_still():
+    """Stopped itself for longer than the timeout, a process does not blame its peers."""
+    watch, _ = watch_with(Store(), timeout=10)
+    watch.observe({1: "7"}, now=100.0)
+    assert watch.lost(105.0) is None
+    watch.observe({1: "7"}, now=111.0)  # the coordinator answers; the peer's counter is stuck
+    assert watch.lost(112.0) == "process 1 sent no heartbeat for 12 s"
+    assert watch.lost(122.0).startswith("the coordinator (process 0) did not answer for 11 s")
+    watch.restart_clocks(112.0)
+    assert watch.lost(121.0) is None
+    watch.observe({1: "8"}, now=121.0)
+    assert watch.lost(130.0) is None

@@ -8,9 +8,15 @@ count and process id are given explicitly (`scale_ablation.main`'s flags of the 
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,7 +29,9 @@ class Cluster:
 
     heartbeat_timeout: seconds without a heartbeat after which a process counts as dead and
     the others stop with an error (JAX's default of 100 s leaves a dead peer's partners idle
-    for minutes). shutdown_timeout: seconds a finishing process waits for the others.
+    for minutes): `PeerWatch`'s bound; JAX's own, which aborts the process with pages of C++
+    log, is set to twice it, so that `PeerWatch` ends first. shutdown_timeout: seconds a
+    finishing process waits for the others.
     """
 
     coordinator_address: str | None = None
@@ -53,6 +61,11 @@ class Cluster:
         if self.heartbeat_timeout < 1 or self.shutdown_timeout < 1:
             raise ValueError("--heartbeat_timeout and --shutdown_timeout must be >= 1 second")
 
+    @property
+    def jax_heartbeat_timeout(self) -> int:
+        """JAX's own bound: a backstop behind `PeerWatch`'s (`heartbeat_timeout`)."""
+        return 2 * self.heartbeat_timeout
+
 
 def launched_multi_host() -> bool:
     """True under Slurm with several tasks or on a multi-worker Cloud TPU slice."""
@@ -61,13 +74,14 @@ def launched_multi_host() -> bool:
     return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
 
 
-def maybe_initialize(mode: str, cluster: Cluster | None = None) -> None:
+def maybe_initialize(mode: str, cluster: Cluster | None = None) -> PeerWatch | None:
     """mode: 'auto' | 'on' | 'off'. 'auto' joins a multi-process program when the cluster is
-    given explicitly or when launched by Slurm with several tasks or on a multi-host TPU."""
+    given explicitly or when launched by Slurm with several tasks or on a multi-host TPU.
+    Returns the started `PeerWatch` of a program of several processes, else None."""
     cluster = cluster or Cluster()
     cluster.check()
     if mode == "off" or (mode == "auto" and not (cluster.explicit or launched_multi_host())):
-        return
+        return None
     # Cross-process collectives between CPU devices (tests, CPU clusters) need an
     # implementation; GPUs and TPUs bring their own and ignore this.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -75,11 +89,22 @@ def maybe_initialize(mode: str, cluster: Cluster | None = None) -> None:
         coordinator_address=cluster.coordinator_address,
         num_processes=cluster.num_processes,
         process_id=cluster.process_id,
-        heartbeat_timeout_seconds=cluster.heartbeat_timeout,
+        heartbeat_timeout_seconds=cluster.jax_heartbeat_timeout,
         shutdown_timeout_seconds=cluster.shutdown_timeout,
     )
     logging.info("process %d of %d, %d local devices of %d", jax.process_index(),
                  jax.process_count(), jax.local_device_count(), jax.device_count())
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed  # the client JAX connected (orbax reads it there too)
+
+    watch = PeerWatch(distributed.global_state.client, jax.process_index(), jax.process_count(),
+                      cluster.heartbeat_timeout)
+    watch.start()
+    # Registered after JAX's own shutdown, so run before it: a process that ends normally
+    # says so first, and its peers do not take its silence in the shutdown barrier for a hang.
+    atexit.register(watch.stop)
+    return watch
 
 
 def agreed_signal(local: int | None) -> int | None:
@@ -104,6 +129,125 @@ def lost_peer_message(error: Exception) -> str:
     return (f"process {jax.process_index()} of {jax.process_count()}: a collective with the "
             f"other processes failed, most likely one of them died ({first_line[:300]}); "
             "restart every process to resume from the last checkpoint")
+
+
+_HEARTBEATS = "scale_ablation/heartbeat/"  # a directory of JAX's key-value store
+_DONE = "done"  # the heartbeat of a process that ended normally
+
+
+class PeerWatch:
+    """Ends this process when a peer stops answering, as a dead peer's collective error does
+    (`scale_ablation.main`): its members recorded failed, `lost_peer_message`, exit status 1.
+
+    A dead peer's partners learn it from their next collective (its sockets close); a hung one
+    (stopped, swapped out, stuck in the kernel) keeps its sockets open, and JAX's own heartbeat
+    check aborts the process with pages of C++ log and no summary.json (a Python callback for it
+    cannot be given: jaxlib cannot pass it the status). So each process writes a counter to
+    JAX's key-value store every `period` seconds and reads the others': a peer whose counter has
+    not moved for `timeout` seconds, or a coordinator that has not answered for as long, is
+    lost. A process that ends normally writes `_DONE` (`stop`). The members come from `record`,
+    a hook of every step. `end` is `os._exit` but in tests.
+    """
+
+    def __init__(self, client: Any, rank: int, count: int, timeout: float,
+                 period: float = 1.0, end: Callable[[int], Any] = os._exit) -> None:
+        self.client, self.rank, self.timeout, self.period, self._end = (
+            client, rank, timeout, period, end)
+        self.members: dict[int, Any] = {}
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        now = time.monotonic()
+        self._answered = now  # when the key-value store (the coordinator) last answered
+        self._moved = {peer: now for peer in range(count) if peer != rank}  # counter last moved
+        self._beats: dict[int, str | None] = {}
+
+    def record(self, member: Any, tick: Any) -> None:
+        """A step hook (`hooks.Periodic(1, watch.record, reads_state=False)`)."""
+        self.members[id(member)] = member
+
+    def start(self) -> None:
+        for target in (self._beat, self._check):
+            threading.Thread(target=target, name=f"peer_watch{target.__name__}",
+                             daemon=True).start()
+
+    def stop(self) -> None:
+        """This process ends normally: stop watching and say so, waiting a few periods at
+        most (a hung coordinator must not hold up the exit)."""
+        self._stopping.set()
+        _bounded(lambda: self.client.key_value_set(f"{_HEARTBEATS}{self.rank}", _DONE,
+                                                   allow_overwrite=True), 5 * self.period)
+
+    def observe(self, beats: dict[int, str], now: float) -> None:
+        """The peers' heartbeats (rank -> counter) as read at `now`."""
+        with self._lock:
+            self._answered = now
+            for peer in self._moved:
+                if beats.get(peer) != self._beats.get(peer):
+                    self._beats[peer], self._moved[peer] = beats.get(peer), now
+
+    def lost(self, now: float) -> str | None:
+        """Why a peer counts as lost at `now`, or None."""
+        with self._lock:
+            if now - self._answered > self.timeout:
+                return (f"the coordinator (process 0) did not answer for "
+                        f"{now - self._answered:.0f} s")
+            for peer, moved in self._moved.items():
+                if self._beats.get(peer) != _DONE and now - moved > self.timeout:
+                    return f"process {peer} sent no heartbeat for {now - moved:.0f} s"
+        return None
+
+    def restart_clocks(self, now: float) -> None:
+        """This process itself stood still (stopped, swapped out): nobody's silence counts."""
+        with self._lock:
+            self._answered = now
+            self._moved = dict.fromkeys(self._moved, now)
+
+    def _beat(self) -> None:
+        beat = 0
+        while not self._stopping.is_set():
+            beat += 1
+            try:
+                self.client.key_value_set(f"{_HEARTBEATS}{self.rank}", str(beat),
+                                          allow_overwrite=True)
+                entries = self.client.key_value_dir_get(_HEARTBEATS)
+            except Exception:  # the store failing: its silence is what `lost` judges
+                self._stopping.wait(self.period)
+                continue
+            beats = {int(key.rsplit("/", 1)[-1]): value for key, value in entries}
+            self.observe(beats, time.monotonic())
+            self._stopping.wait(self.period)
+
+    def _check(self) -> None:
+        last = time.monotonic()
+        while not self._stopping.wait(self.period):
+            now = time.monotonic()
+            if now - last > self.timeout / 2:
+                self.restart_clocks(now)
+            last = now
+            if (reason := self.lost(now)) is not None:
+                self.lose(reason)
+                return
+
+    def lose(self, reason: str) -> None:
+        """Record the members failed (for half the timeout at most: a member's checkpoint
+        writer may wait on the lost peer), print the one line and end the process."""
+        error = TimeoutError(reason)
+        _bounded(lambda: self._record_failed(error), self.timeout / 2)
+        print(f"error: {lost_peer_message(error)}", file=sys.stderr, flush=True)
+        self._end(1)
+
+    def _record_failed(self, error: Exception) -> None:
+        for member in list(self.members.values()):
+            if member.summary is None:
+                with contextlib.suppress(Exception):
+                    member.fail(error)
+
+
+def _bounded(action: Callable[[], Any], seconds: float) -> None:
+    """`action()` in a daemon thread, waited for `seconds` at most."""
+    worker = threading.Thread(target=action, daemon=True)
+    worker.start()
+    worker.join(seconds)
 
 
 def enable_compilation_cache(workdir: str) -> None:
