@@ -46,7 +46,9 @@ Variants:
   cadence included; here each arm is one ensemble of 15); every arm's jitted train step costs what
   1/√d_k's does within the timing's noise (medians 0.88–1.07 of it, 4 × 20 steps round-robin in
   one process on this 2-core machine under a load average of 11–13). 105 × (400 + 21) run-steps
-  / 11.8 ≈ 62 minutes, plus 7 compilations (one program per arm): about 65 minutes.
+  / 11.8 ≈ 62 minutes, plus 7 compilations (one program per arm): about 65 minutes. (`--plan`
+  says 3.19 device-hours: without a cpu throughput table it assumes 40% of a matmul's rate,
+  and it says 4.05 for lr_sensitivity:cpu, whose 84 runs' compute was ~71 minutes.)
 - default (one accelerator): the gpu model (d_model 512, 8 layers, 8 heads × d_k 64,
   WikiText-103, bfloat16, 3000 steps) on the reference attention path for every arm (the fused
   kernel cannot compute the soft-cap, the sink or QK-clip's per-head maxima, and one path for
