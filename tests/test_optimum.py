@@ -151,3 +151,42 @@ def test_refine_points_midpoints_and_validation():
         optimum.refine_points([1e-3], [2.0])
     with pytest.raises(ValueError):
         optimum.refine_points(lrs, [None, None, None])
+
+
+def row(policy: str, lr: float, seed: int, value: float | None, status: str = "completed",
+        key: str = "final_val_bpb") -> dict:
+    """A report row (`report.summarise_run`'s fields that the curves read)."""
+    return {"name": f"{policy},{lr},{seed}", "policy": policy, "d_k": 64, "lr": lr, "seed": seed,
+            "status": status, key: value}
+
+
+def test_curves_of_report_rows_locate_each_setting_and_wait_on_unfinished_runs():
+    lrs = grid(1e-3, 2, 4)  # 1e-3 ... 8e-3 around 3.7e-3
+    rows = [row(p, lr, s, parabola(lr, lr_star=star) + 0.01 * s)
+            for p, star in (("a", LR_STAR), ("b", 2e-3)) for lr in lrs for s in (0, 1)]
+    rows.append(row("a", 4e-3, 2, 9.0))  # a seed at one LR only: not part of the curve
+    rows += [row("c", lr, 0, parabola(lr)) for lr in lrs[:3]]
+    rows.append(row("c", lrs[3], 0, None, status="preempted"))  # still to finish
+    rows += [row("d", lr, 0, parabola(lr) if lr < 8e-3 else None,
+                  "completed" if lr < 8e-3 else "diverged") for lr in lrs]
+    curves = {c.setting: c for c in optimum.curve_optima(rows, "final_val_bpb", n_boot=20)}
+    assert curves["a"].found.lr_star == pytest.approx(LR_STAR, rel=1e-9)
+    assert curves["a"].found.n_seeds == 2 and curves["a"].waiting == ()
+    assert curves["b"].found.lr_star == pytest.approx(2e-3, rel=1e-9)
+    assert curves["c"].waiting == (8e-3,) and curves["c"].found.lrs == tuple(lrs[:3])
+    assert optimum.refinements(curves["c"]) == []  # nothing added while a run is to come
+    assert curves["d"].found.mean_losses[-1] == math.inf  # diverged: ranks last, stays
+    assert optimum.refinements(curves["a"]) == pytest.approx(
+        optimum.refine_points(lrs, [parabola(lr) for lr in lrs]))
+
+
+def test_a_metric_where_higher_is_better_is_located_at_its_maximum():
+    lrs = grid(1e-3, 2, 4)
+    rows = [row("a", lr, s, 1 - parabola(lr) / 10, key="final_val/accuracy")
+            for lr in lrs for s in (0, 1)]
+    (curve,) = optimum.curve_optima(rows, "final_val/accuracy", True, n_boot=0)
+    assert curve.found.lr_star == pytest.approx(LR_STAR, rel=1e-9)
+    rows = [row("a", lr, 0, value) for lr, value in zip(lrs, (None, None, None, None),
+                                                        strict=True)]
+    (none,) = optimum.curve_optima(rows, "final_val_bpb")
+    assert none.found is None and "finite" in none.reason

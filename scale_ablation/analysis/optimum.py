@@ -211,11 +211,6 @@ class CurveOptimum:
     reason: str | None
     runs: dict[float, tuple[dict, ...]]  # LR -> the runs of the curve's seeds there
     waiting: tuple[float, ...] = ()  # LRs left out: some run there has not finished
-    higher_is_better: bool = False
-
-    def value(self, loss: float) -> float:
-        """A located loss in the metric's own sign (the fit minimises the negated accuracy)."""
-        return -loss if self.higher_is_better else loss
 
 
 _FINAL = ("completed", "diverged")
@@ -228,8 +223,7 @@ def _curve(name: str, d_k: int, by_lr: dict[float, list[dict]], key: str, higher
     waiting = tuple(lr for lr, rs in runs.items() if any(r["status"] not in _FINAL for r in rs))
     lrs = [lr for lr in runs if lr not in waiting]
     policy = next(iter(by_lr.values()))[0]["policy"]
-    made = functools.partial(CurveOptimum, name, policy, d_k, runs=runs, waiting=waiting,
-                             higher_is_better=higher)
+    made = functools.partial(CurveOptimum, name, policy, d_k, runs=runs, waiting=waiting)
     if not seeds:
         return made(None, "no seed was run at every learning rate")
     if len(lrs) < 2:

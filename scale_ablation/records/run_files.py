@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from scale_ablation.records import jsonfiles
-from scale_ablation.records import metrics_rows as rm
 from scale_ablation.records.redaction import scrub_secrets
 
 RUN_STATUSES = ("completed", "diverged", "failed", "preempted")
@@ -65,10 +64,8 @@ class MetricsScan:
     """metrics.jsonl read line by line: the intact rows before the first damaged line.
 
     A row is intact when its line is a JSON object with an integer "step" no smaller than the
-    row before's and a checksum that matches its fields (`metrics_rows.CHECKSUM`; none in rows
-    written before it existed), ended by a newline (rows are written whole, one per line,
-    newline last: a line without one was cut off by a kill or a full disk). `rows` are without
-    their checksums.
+    row before's, ended by a newline (rows are written whole, one per line, newline last:
+    a line without one was cut off by a kill or a full disk).
     """
 
     rows: list[dict[str, Any]]
@@ -83,7 +80,7 @@ class MetricsScan:
         return sum(1 for row in self.rows if row["step"] <= step)
 
 
-def _row_damage(line: bytes, previous_step: int | None, seen_checksum: bool) -> str | None:
+def _row_damage(line: bytes, previous_step: int | None) -> str | None:
     """Why one newline-terminated line of metrics.jsonl is not an intact row, or None."""
     try:
         row = json.loads(line)
@@ -94,8 +91,6 @@ def _row_damage(line: bytes, previous_step: int | None, seen_checksum: bool) -> 
         return "damaged line (not a row: no integer step)"
     if previous_step is not None and step < previous_step:
         return f"damaged line (step {step} after step {previous_step})"
-    if (problem := rm.checksum_problem(row, seen_checksum)) is not None:
-        return f"damaged line ({problem})"
     return None
 
 
@@ -122,7 +117,7 @@ class RunFiles:
         """Appends `{"step": step, **metrics}` as one line, on disk when this returns."""
         row = {"step": int(step)}
         row.update((k, v) for k, v in metrics.items() if k != "step")
-        line = rm.row_line(row) + "\n"
+        line = jsonfiles.json_line(row) + "\n"
         if not self._tail_checked:
             self._drop_partial_last_line()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -155,16 +150,13 @@ class RunFiles:
             return MetricsScan([], None)
         *lines, tail = data.split(b"\n")
         rows: list[dict[str, Any]] = []
-        seen_checksum = False
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            reason = _row_damage(line, rows[-1]["step"] if rows else None, seen_checksum)
+            reason = _row_damage(line, rows[-1]["step"] if rows else None)
             if reason is not None:
                 return MetricsScan(rows, f"{self.metrics_path}:{number}: {reason}")
-            row = json.loads(line)
-            seen_checksum = seen_checksum or rm.CHECKSUM in row
-            rows.append(rm.without_checksum(row))
+            rows.append(json.loads(line))
         if tail.strip():  # every row ends with its newline: without one the write was cut off
             return MetricsScan(rows, f"{self.metrics_path}:{len(lines) + 1}: torn last line (no "
                                      "newline: its write was cut off)", torn_tail=True)
@@ -210,7 +202,7 @@ class RunFiles:
         if not self.metrics_path.exists():
             return []
         rows = [row for row in self.scan_metrics().rows if row["step"] <= step]
-        text = "".join(rm.row_line(row) + "\n" for row in rows)
+        text = "".join(jsonfiles.json_line(row) + "\n" for row in rows)
         jsonfiles.write_text_atomic(self.metrics_path, text)
         self._tail_checked = True
         return rows
@@ -248,8 +240,9 @@ STEP_LOSSES_FILE = "train_losses.jsonl"
 class StepLosses:
     """Every step's training loss of a run, in memory and in train_losses.jsonl.
 
-    One line per dispatched program (a chunk of steps): `{"step": FIRST, "train/loss": [...]}`,
-    the losses of steps FIRST, FIRST+1, ... as float32 values (null where non-finite). Resuming
+    One line per `write` (the loop writes at each logged row, before each checkpoint and at the
+    end: `hooks.write_step_losses`): `{"step": FIRST, "train/loss": [...]}`, the losses of
+    steps FIRST, FIRST+1, ... as float32 values (null where non-finite). Resuming
     from a checkpoint at step S cuts the file back to S, so that the steps retrained after it
     are not there twice. Lines are appended without fsync: a killed process's writes survive in
     the page cache; a machine crash may lose the last lines, and then the series is no longer

@@ -109,6 +109,20 @@ def print_progress(member: Member, tick: Tick) -> None:
     print(text, flush=True)
 
 
+def write_step_losses(config: ml_collections.ConfigDict) -> Periodic:
+    """Every step's loss (`Member.step_losses`) into train_losses.jsonl, one line per logged
+    row and before each checkpoint (a run resumed from any checkpoint has every step before
+    it), and at the end; `Member.finish` writes what a diverged or preempted run has left."""
+    log_every, checkpoint_every = config.train.log_every, config.checkpoint.every
+
+    def write(member: Member, tick: Tick) -> None:
+        if tick.last or any(every and tick.step % every == 0
+                            for every in (log_every, checkpoint_every)):
+            member.step_losses.write()
+
+    return Periodic(1, write, reads_state=False)
+
+
 def save_checkpoint(member: Member, tick: Tick) -> None:
     member.checkpoints.save(tick.step, tick.state())
 
@@ -116,8 +130,8 @@ def save_checkpoint(member: Member, tick: Tick) -> None:
 def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] = (),
                   progress: bool = True) -> list[Periodic]:
     """What every run does: log, evaluate (always at the end: the summary needs it), diagnose,
-    then the `extra` hooks, then write the row, print progress, checkpoint, and last the extra
-    hooks marked `after_step_work`."""
+    then the `extra` hooks, then write the row, print progress, write every step's loss,
+    checkpoint, and last the extra hooks marked `after_step_work`."""
     t = config.train
     return [
         Periodic(t.log_every, log_train_metrics, reads_state=False),
@@ -129,6 +143,7 @@ def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] =
         Periodic(1, write_row, reads_state=False),
         Periodic(t.log_every if progress else 0, print_progress, at_last=False,
                  reads_state=False),
+        write_step_losses(config),
         Periodic(config.checkpoint.every, save_checkpoint, at_last=False),
         *(hook for hook in extra if hook.after_step_work),
     ]

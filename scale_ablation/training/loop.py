@@ -378,8 +378,6 @@ def _after_steps(members: list[Member], active: list[int], axis: MemberAxis, don
                 end_state=end_state))
             if members[index].summary is not None:
                 active.remove(index)
-    for index in active:  # one line per program: every step's loss (finish wrote the others')
-        members[index].step_losses.write()
 
 
 def _interior_state() -> TrainState:
