@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from scale_ablation.records import jsonfiles
+from scale_ablation.records import metrics_rows as rm
 from scale_ablation.records.redaction import scrub_secrets
 
 RUN_STATUSES = ("completed", "diverged", "failed", "preempted")
@@ -64,8 +65,10 @@ class MetricsScan:
     """metrics.jsonl read line by line: the intact rows before the first damaged line.
 
     A row is intact when its line is a JSON object with an integer "step" no smaller than the
-    row before's, ended by a newline (rows are written whole, one per line, newline last:
-    a line without one was cut off by a kill or a full disk).
+    row before's and a checksum that matches its fields (`metrics_rows.CHECKSUM`; none in rows
+    written before it existed), ended by a newline (rows are written whole, one per line,
+    newline last: a line without one was cut off by a kill or a full disk). `rows` are without
+    their checksums.
     """
 
     rows: list[dict[str, Any]]
@@ -80,7 +83,7 @@ class MetricsScan:
         return sum(1 for row in self.rows if row["step"] <= step)
 
 
-def _row_damage(line: bytes, previous_step: int | None) -> str | None:
+def _row_damage(line: bytes, previous_step: int | None, seen_checksum: bool) -> str | None:
     """Why one newline-terminated line of metrics.jsonl is not an intact row, or None."""
     try:
         row = json.loads(line)
@@ -91,6 +94,8 @@ def _row_damage(line: bytes, previous_step: int | None) -> str | None:
         return "damaged line (not a row: no integer step)"
     if previous_step is not None and step < previous_step:
         return f"damaged line (step {step} after step {previous_step})"
+    if (problem := rm.checksum_problem(row, seen_checksum)) is not None:
+        return f"damaged line ({problem})"
     return None
 
 
@@ -117,7 +122,7 @@ class RunFiles:
         """Appends `{"step": step, **metrics}` as one line, on disk when this returns."""
         row = {"step": int(step)}
         row.update((k, v) for k, v in metrics.items() if k != "step")
-        line = jsonfiles.json_line(row) + "\n"
+        line = rm.row_line(row) + "\n"
         if not self._tail_checked:
             self._drop_partial_last_line()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -150,13 +155,16 @@ class RunFiles:
             return MetricsScan([], None)
         *lines, tail = data.split(b"\n")
         rows: list[dict[str, Any]] = []
+        seen_checksum = False
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            reason = _row_damage(line, rows[-1]["step"] if rows else None)
+            reason = _row_damage(line, rows[-1]["step"] if rows else None, seen_checksum)
             if reason is not None:
                 return MetricsScan(rows, f"{self.metrics_path}:{number}: {reason}")
-            rows.append(json.loads(line))
+            row = json.loads(line)
+            seen_checksum = seen_checksum or rm.CHECKSUM in row
+            rows.append(rm.without_checksum(row))
         if tail.strip():  # every row ends with its newline: without one the write was cut off
             return MetricsScan(rows, f"{self.metrics_path}:{len(lines) + 1}: torn last line (no "
                                      "newline: its write was cut off)", torn_tail=True)
@@ -202,7 +210,7 @@ class RunFiles:
         if not self.metrics_path.exists():
             return []
         rows = [row for row in self.scan_metrics().rows if row["step"] <= step]
-        text = "".join(jsonfiles.json_line(row) + "\n" for row in rows)
+        text = "".join(rm.row_line(row) + "\n" for row in rows)
         jsonfiles.write_text_atomic(self.metrics_path, text)
         self._tail_checked = True
         return rows
