@@ -94,8 +94,9 @@ def main(argv: list[str]) -> int:
         return 2
     watch = runtime.maybe_initialize(_DISTRIBUTED.value, cluster)
     try:
-        # Before the compile cache (a directory beside the workdir) is set up.
-        runs.check_before_start(config, _WORKDIR.value, extend=_EXTEND.value)
+        # Before the compile cache (a directory beside the workdir) is set up. The one
+        # validation of this command and its one read of config.json, handed down to `train`.
+        checked = runs.check_before_start(config, _WORKDIR.value, extend=_EXTEND.value)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -103,14 +104,15 @@ def main(argv: list[str]) -> int:
         runtime.enable_compilation_cache(_WORKDIR.value)
     if watch is not None:  # a hung peer: its partners record these members failed
         extra_hooks = [*extra_hooks, hooks.Periodic(1, watch.record, reads_state=False)]
-    return _train(config, extra_hooks)
+    return _train(config, extra_hooks, checked)
 
 
-def _train(config, extra_hooks) -> int:
+def _train(config, extra_hooks, checked: runs.Checked) -> int:
     """The run, with each way it can end turned into one line and an exit code."""
     try:
         before = runs.read_summary(_WORKDIR.value)
-        summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks, extend=_EXTEND.value)
+        summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks, extend=_EXTEND.value,
+                        checked=checked)
     except OSError as error:
         if error.errno != errno.ENOSPC:
             raise

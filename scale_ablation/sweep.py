@@ -92,6 +92,9 @@ _ENSEMBLE = flags.DEFINE_bool(
 _COMPILE_AHEAD = flags.DEFINE_bool(
     "compile_ahead", True, "Compile each group's programs in a background thread while the "
     "group before it trains (in-process runner).")
+_MAX_MEMBERS = flags.DEFINE_integer(
+    "max_members", 0, "Most runs one ensemble program trains (in-process runner); 0: as many as "
+    "fit in the device's memory by the planner's rule (printed per group).", lower_bound=0)
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _EXTEND = flags.DEFINE_bool(
     "extend", False, "Continue runs trained with other train.steps, train.warmup_steps or "
@@ -216,7 +219,8 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
                 complete = run_in_process(sweep_dir, todo, progress, outcomes,
                                           together=_ENSEMBLE.value, extra_hooks=extra_hooks,
                                           extend=_EXTEND.value,
-                                          compile_ahead=_COMPILE_AHEAD.value)
+                                          compile_ahead=_COMPILE_AHEAD.value,
+                                          max_members=_MAX_MEMBERS.value)
             print(f"[sweep] {compile_log.line()}", flush=True)
         else:
             complete = run_in_processes(

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 from helpers import QUICK, REPO, read_json, snapshot, tiny_config
-from test_integrity import main_args, one_error_line, run_module
+from test_train_faults import main_args, one_error_line, run_module
 
 from scale_ablation import sweep
 from scale_ablation.training import hooks

@@ -16,7 +16,7 @@ import subprocess
 import pytest
 from helpers import TINY_RUN as TINY
 from helpers import read_json, snapshot, tiny_config
-from test_integrity import (
+from test_train_faults import (
     EXPERIMENT,
     flip_a_bit,
     largest_file,

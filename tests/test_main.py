@@ -173,7 +173,7 @@ CORRUPTIONS = {
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
 def test_truncated_checkpoint(corruption, resumable):
     """Every checkpoint damaged: refused, naming the newest. (One damaged, the run falls back
-    to the previous one: tests/test_integrity.py.)"""
+    to the previous one: tests/test_train_faults.py.)"""
     for step in (5, 10):
         checkpoint = resumable / "checkpoints" / str(step)
         damaged = [path for path in checkpoint.glob(CORRUPTIONS[corruption]) if path.is_file()]

@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO, snapshot, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_integrity import main_args, one_error_line, run_module
+from test_train_faults import main_args, one_error_line, run_module
 
 from experiments import base
 from scale_ablation.errors import ConfigError

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
-from scale_ablation.training import run_config, runs, steps
+from scale_ablation.training import runs, steps
 from scale_ablation.training.run_config import validate
 from scale_ablation.training.runs import PreparedRun
 from scale_ablation.training.steps import TrainState
@@ -51,19 +51,18 @@ def shared_config(config: ml_collections.ConfigDict) -> str:
     return json.dumps(shared, sort_keys=True, default=str)
 
 
-def _graphdef(config: ml_collections.ConfigDict):
-    """The graphdef `runs.init_state` builds, traced abstractly: no parameter is allocated."""
-    return runs.model_graphdef(run_config.model_config(config))
-
-
-def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike) -> Hashable | None:
+def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
+                 checked: runs.Checked | None = None, extend: bool = False) -> Hashable | None:
     """What runs of one ensemble share: the graphdef, the config but MEMBER_FIELDS, and the step
     they start from (0, or an interrupted run's latest checkpoint). None for a run that trains
-    alone: a finished one, or one that `runs.prepare` will refuse (and say why)."""
+    alone: a finished one, or one that `runs.prepare` will refuse (and say why). `checked`:
+    what the caller established (the config's ModelConfig; its config.json if read); `extend`:
+    as the run will be trained (a finished run extended trains on, with the others)."""
     try:
-        if runs.finished_summary(config, workdir) is not None:
+        if runs.finished_summary(config, workdir, extend=extend,
+                                 stored=checked.stored if checked else None) is not None:
             return None
-        validate(config)
+        model = validate(config) if checked is None else checked.model
         checkpoints = Checkpoints(workdir)
         try:
             start_step = checkpoints.latest_step() or 0
@@ -71,15 +70,21 @@ def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike) 
             checkpoints.close()
     except (ValueError, CheckpointError, OSError):  # the run's own prepare() reports it
         return None
-    return _graphdef(config), shared_config(config), start_step
+    # The graphdef `runs.init_state` builds, traced abstractly: no parameter is allocated.
+    return runs.model_graphdef(model), shared_config(config), start_step
 
 
 def group(configs: Sequence[ml_collections.ConfigDict],
-          workdirs: Sequence[str | os.PathLike]) -> list[list[int]]:
-    """Indices of the runs to train together, groups in the order of their first run."""
+          workdirs: Sequence[str | os.PathLike],
+          checked: Sequence[runs.Checked | None] | None = None, extend: bool = False,
+          ) -> list[list[int]]:
+    """Indices of the runs to train together, groups in the order of their first run.
+    `checked`: per run, what the caller established; `extend`: as they will train
+    (`ensemble_key`)."""
     groups: dict[Hashable, list[int]] = {}
-    for index, (config, workdir) in enumerate(zip(configs, workdirs, strict=True)):
-        key = ensemble_key(config, workdir)
+    for index, (config, workdir, known) in enumerate(zip(
+            configs, workdirs, checked or [None] * len(configs), strict=True)):
+        key = ensemble_key(config, workdir, known, extend)
         groups.setdefault(("alone", index) if key is None else key, []).append(index)
     return list(groups.values())
 

@@ -25,6 +25,7 @@ import ml_collections
 import optax
 
 from scale_ablation.model import base_shapes
+from scale_ablation.model.spec import ModelConfig
 from scale_ablation.training import run_config
 
 
@@ -41,12 +42,16 @@ class OptimizerSettings:
     param_lr_multipliers: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def of(cls, config: ml_collections.ConfigDict) -> OptimizerSettings:
+    def of(cls, config: ml_collections.ConfigDict,
+           model: ModelConfig | None = None) -> OptimizerSettings:
+        """The settings of `config`; `model`: its ModelConfig, if the caller has it (μP's
+        multipliers need it)."""
         t = config.train
         # Configs written before the field existed train as they did: multiplier 1.
         multipliers = ()
         if config.model.get("parametrization", "sp") != "sp":
-            multipliers = base_shapes.lr_multipliers(run_config.model_config(config))
+            model = run_config.model_config(config) if model is None else model
+            multipliers = base_shapes.lr_multipliers(model)
         return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay),
                    float(t.get("scale_lr_multiplier", 1.0)), multipliers)
 

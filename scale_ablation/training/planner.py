@@ -111,13 +111,14 @@ class Plan:
         return sum(r.train_flops for r in self.runs)
 
 
-def device(name: str | None = None) -> Device:
+def device(name: str | None = None, *, measure: bool = True) -> Device:
     """The device a plan is for: a name from `DEVICES` (or a device_kind containing one),
-    "cpu", or None for this process's first device."""
+    "cpu", or None for this process's first device. `measure=False`: a CPU's rate is not
+    measured (nan), for callers that need only its memory."""
     name = name or jax.devices()[0].device_kind
     if name.lower() == "cpu":
-        return Device("cpu", matmul_flops(), float(os.sysconf("SC_PAGE_SIZE")
-                                                   * os.sysconf("SC_PHYS_PAGES")),
+        return Device("cpu", matmul_flops() if measure else math.nan,
+                      float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
                       "a float32 2048² matmul measured here")
     for label, (contained, peak, memory) in DEVICES.items():
         if contained.lower() in name.lower() or label.lower() in name.lower():
@@ -138,9 +139,10 @@ def matmul_flops(n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / float(np.median(times))
 
 
-def shape_of(config: ml_collections.ConfigDict) -> tuple:
-    """What a run's compiled train step's memory depends on, as (field, value) pairs."""
-    model = dataclasses.asdict(run_config.model_config(config))
+def shape_of(config: ml_collections.ConfigDict, model: ModelConfig | None = None) -> tuple:
+    """What a run's compiled train step's memory depends on, as (field, value) pairs.
+    `model`: the config's ModelConfig, if the caller has it."""
+    model = dataclasses.asdict(run_config.model_config(config) if model is None else model)
     return (*((f, model[f]) for f in SHAPE_FIELDS if f in model),
             ("seq_len", config.data.seq_len), ("batch_size", config.train.batch_size))
 
@@ -220,10 +222,11 @@ def train_tokens(source: str, seq_len: int) -> int | None:
         return None
 
 
-def shape_cost(config: ml_collections.ConfigDict) -> ShapeCost:
-    """Peak memory of one run's train step, and the seconds compiling it took here."""
-    model = run_config.model_config(config)
-    settings = OptimizerSettings.of(config)
+def shape_cost(config: ml_collections.ConfigDict, model: ModelConfig | None = None) -> ShapeCost:
+    """Peak memory of one run's train step, and the seconds compiling it took here. `model`:
+    the config's ModelConfig, if the caller has it."""
+    model = run_config.model_config(config) if model is None else model
+    settings = OptimizerSettings.of(config, model)
     program = steps.programs(runs.model_graphdef(model), settings,
                              float(config.train.z_loss)).train
     rows = jax.ShapeDtypeStruct((config.train.batch_size, config.data.seq_len), jnp.int32)
@@ -289,6 +292,13 @@ def members_that_fit(dev: Device, peak_bytes: int) -> int:
     return max(1, int(MEMORY_SHARE * dev.memory_bytes // max(peak_bytes, 1)))
 
 
+def programs_of(indices: list[int], size: int) -> list[list[int]]:
+    """The runs of one program key (`indices`, in order) as programs of at most `size`
+    members: full ones first, the remainder last. The plan and the sweep's runner both split
+    so, hence agree on the number of programs."""
+    return [indices[start:start + size] for start in range(0, len(indices), size)]
+
+
 def make_plan(points: list[Any], dev: Device, table: dict | None,
               memory: bool = True) -> Plan:
     """The plan of `points` (`sweep.Point`s: name and resolved config) on `dev`. Without
@@ -307,8 +317,8 @@ def make_plan(points: list[Any], dev: Device, table: dict | None,
         shape = costs[indices[0]].shape
         known = shapes.get(shape)
         size = members_that_fit(dev, known.peak_bytes) if known else len(indices)
-        for start in range(0, len(indices), size):
-            members = [costs[i] for i in indices[start:start + size]]
+        for program in programs_of(indices, size):
+            members = [costs[i] for i in program]
             flops = sum(m.train_flops + m.other_flops for m in members)
             per_second, source = rate(dev, members[0].flops_per_token, len(members), table)
             seconds = flops / per_second + (known.compile_seconds if known else 0.0)

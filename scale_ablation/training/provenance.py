@@ -41,10 +41,11 @@ def flops_per_token(model: ModelConfig, non_embedding_parameters: int, seq_len: 
 
 
 def consumption(config: ml_collections.ConfigDict, counts: dict[str, int], steps: int,
-                train_tokens: int | None) -> dict[str, Any]:
+                train_tokens: int | None, model: ModelConfig | None = None) -> dict[str, Any]:
     """Tokens seen, passes over the training split (None for generated data) and FLOPs after
-    `steps` steps, with the parameter counts."""
-    model = run_config.model_config(config)
+    `steps` steps, with the parameter counts. `model`: the config's ModelConfig, if the caller
+    has it (`runs.PreparedRun.model`)."""
+    model = run_config.model_config(config) if model is None else model
     tokens = steps * config.train.batch_size * config.data.seq_len
     per_token = flops_per_token(model, counts["non_embedding_parameters"], config.data.seq_len)
     return {**counts, "tokens_seen": tokens,

@@ -2,6 +2,10 @@
 
 `prepare` touches nothing on disk: every refusal (bad config, a workdir holding another run, an
 unreadable checkpoint) is a `ConfigError` before the first write.
+
+What a command has established about a run travels down as a `Checked`: the ModelConfig that
+`run_config.validate` returned and the run's config.json as read once (`StoredConfig`), so that
+the checks before the lock, under it, and on the finished path neither validate nor read again.
 """
 
 from __future__ import annotations
@@ -45,10 +49,11 @@ class PreparedRun:
     batch_sharding: NamedSharding
     previous: dict | None  # summary.json of an interrupted attempt
     resume_step: int | None
+    model: ModelConfig | None = None  # the config's, built once (None: built when asked)
 
     @property
     def optimizer(self) -> OptimizerSettings:
-        return OptimizerSettings.of(self.config)
+        return OptimizerSettings.of(self.config, self.model)
 
     def take_state(self) -> TrainState:
         """The state, handed over once: the loop donates it to the first step."""
@@ -56,16 +61,60 @@ class PreparedRun:
         return state
 
 
-def init_state(config: ml_collections.ConfigDict, tx=None) -> tuple[Any, TrainState]:
+@dataclasses.dataclass(frozen=True)
+class StoredConfig:
+    """A run directory's config.json as read once (`config` None: there is none), with what
+    identifies the file that was read, so that a later check (under the run's lock) reads it
+    again only if another process replaced it since."""
+
+    config: dict | None
+    stamp: tuple | None
+
+    @classmethod
+    def read(cls, workdir: str | os.PathLike) -> StoredConfig:
+        """The file now; ValueError naming it if it is damaged. Stamped before it is read: a
+        file replaced in between looks changed to the next check, never unchanged."""
+        stamp = _stamp(workdir)
+        return cls(RunFiles(workdir).read_config() if stamp else None, stamp)
+
+    def unchanged(self, workdir: str | os.PathLike) -> bool:
+        return _stamp(workdir) == self.stamp
+
+
+def _stamp(workdir: str | os.PathLike) -> tuple | None:
+    try:
+        found = os.stat(os.path.join(workdir, "config.json"))
+    except (FileNotFoundError, NotADirectoryError):  # none there (check_workdir names a file)
+        return None
+    return found.st_ino, found.st_mtime_ns, found.st_size  # written by rename: a new inode
+
+
+def _fresh(stored: StoredConfig | None, workdir: str | os.PathLike) -> StoredConfig:
+    """`stored` if config.json is still the file it read, else the file read now."""
+    return stored if stored is not None and stored.unchanged(workdir) else StoredConfig.read(
+        workdir)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What a command has established about one run: its config's ModelConfig (the config
+    validated) and, once read, its config.json."""
+
+    model: ModelConfig
+    stored: StoredConfig | None = None
+
+
+def init_state(config: ml_collections.ConfigDict, tx=None,
+               model: ModelConfig | None = None) -> tuple[Any, TrainState]:
     """(graphdef, state) of a fresh run: parameters from `train.seed`, optimiser state, step 0.
 
     One jitted program per model shape and optimiser builds the whole state (`_init_program`):
     the seed, the learning rate and each layer's scalar-policy number are its inputs, so every
     run of a sweep at one shape shares it. With an explicit `tx` the optimiser state is built
-    outside it.
+    outside it. `model`: the config's ModelConfig, if the caller has it.
     """
-    model = run_config.model_config(config)
-    settings = None if tx is not None else OptimizerSettings.of(config)
+    model = run_config.model_config(config) if model is None else model
+    settings = None if tx is not None else OptimizerSettings.of(config, model)
     program = _init_program(_init_key(model), model, settings)
     base_scales = np.asarray(model.base_scales(), np.float32)  # (layers,)
     state = program(jnp.asarray(config.train.seed, jnp.int32),
@@ -131,20 +180,23 @@ def init_compilations() -> int:
     return len(_INIT_PROGRAMS)
 
 
-def check_same_run(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
-    """Raise ConfigError if `workdir` holds a run whose identity fields differ from `config`'s."""
-    changed = changed_identity_fields(RunFiles(workdir).read_config() or {}, config.to_dict())
+def check_same_run(workdir: str | os.PathLike, config: ml_collections.ConfigDict,
+                   old: dict | None = None) -> None:
+    """Raise ConfigError if `workdir` holds a run whose identity fields differ from `config`'s.
+    `old`: its config.json as already read (else read here)."""
+    old = RunFiles(workdir).read_config() if old is None else old
+    changed = changed_identity_fields(old or {}, config.to_dict())
     if changed:
         raise ConfigError(f"workdir {os.fspath(workdir)} holds a run with a different config: "
                           f"{', '.join(changed)} differ; use a new --workdir")
 
 
 def check_same_schedule(workdir: str | os.PathLike, config: ml_collections.ConfigDict,
-                        trained_to: int, *, extend: bool) -> None:
+                        trained_to: int, *, extend: bool, old: dict | None = None) -> None:
     """Raise ConfigError if the run in `workdir`, trained to step `trained_to`, had another
     schedule (`SCHEDULE_FIELDS`) and `extend` is off, or if an extension would end before
-    `trained_to`."""
-    old = RunFiles(workdir).read_config() or {}
+    `trained_to`. `old`: its config.json as already read (else read here)."""
+    old = (RunFiles(workdir).read_config() if old is None else old) or {}
     changed = changed_identity_fields(old, config.to_dict(), SCHEDULE_FIELDS)
     if not changed:
         return
@@ -166,19 +218,21 @@ def _lookup(tree: dict, dotted: str) -> Any:
 
 
 def finished_summary(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-                     extend: bool = False) -> dict | None:
+                     extend: bool = False, stored: StoredConfig | None = None) -> dict | None:
     """summary.json of a finished run in `workdir` (checked to be this config's), else None.
 
     A finished run with another schedule is refused (ConfigError) unless `extend`, in which
-    case it is no longer finished: None, and it trains on from its last checkpoint.
+    case it is no longer finished: None, and it trains on from its last checkpoint. `stored`:
+    its config.json as already read (read here, once, if it is not, or if it changed since).
     """
     check_workdir(workdir)
     summary = read_summary(workdir)
     if summary and summary.get("status") in FINISHED:
-        check_same_run(workdir, config)
-        check_same_schedule(workdir, config, summary.get("steps_completed") or 0, extend=extend)
-        if not changed_identity_fields(RunFiles(workdir).read_config() or {}, config.to_dict(),
-                                       SCHEDULE_FIELDS):
+        old = _fresh(stored, workdir).config or {}
+        check_same_run(workdir, config, old)
+        check_same_schedule(workdir, config, summary.get("steps_completed") or 0, extend=extend,
+                            old=old)
+        if not changed_identity_fields(old, config.to_dict(), SCHEDULE_FIELDS):
             try:
                 RunFiles(workdir).read_result_metrics()
             except ValueError as error:  # repaired by recomputing from an intact checkpoint
@@ -221,29 +275,37 @@ def read_summary(workdir: str | os.PathLike) -> dict | None:
 
 
 def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-                       extend: bool = False) -> None:
+                       extend: bool = False, checked: Checked | None = None) -> Checked:
     """Every refusal that needs no JAX computation: the config, the workdir, the identity of a
-    run already there (config.json, checkpoint or not). Writes nothing, compiles nothing."""
-    validate(config)
+    run already there (config.json, checkpoint or not). Writes nothing, compiles nothing.
+
+    Returns what it established (`Checked`), to hand to the next check of this run: given
+    one, the config is not validated again and config.json is read only if it changed since.
+    """
+    model = validate(config) if checked is None else checked.model
     check_workdir(workdir)
     read_summary(workdir)
     try:
-        if os.path.isfile(os.path.join(workdir, "config.json")):
-            _check_same_run_data_first(workdir, config)
+        stored = _fresh(checked.stored if checked else None, workdir)
+        if stored.stamp is not None:
+            _check_same_run_data_first(workdir, config, stored.config)
             saved = checkpoint_steps(workdir)
             if saved:
-                check_same_schedule(workdir, config, max(saved), extend=extend)
+                check_same_schedule(workdir, config, max(saved), extend=extend,
+                                    old=stored.config)
         Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir),
                                                RunFiles(workdir).scan_metrics())
     except ValueError as error:  # a damaged config.json or no intact checkpoint
         raise ConfigError(str(error)) from None
+    return Checked(model, stored)
 
 
-def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict) -> None:
+def _check_same_run_data_first(workdir: str, config: ml_collections.ConfigDict,
+                               old: dict | None) -> None:
     """check_same_run; a changed data source that cannot be opened at all is named as that
     (the more useful line), which costs opening it only on this refusal path."""
     try:
-        check_same_run(workdir, config)
+        check_same_run(workdir, config, old or {})
     except ConfigError:
         data_lib.make_source(config.data, seed=config.train.seed)  # ValueError naming it
         raise
@@ -264,20 +326,21 @@ def checkpoint_steps(workdir: str | os.PathLike) -> list[int]:
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
-            extend: bool = False) -> PreparedRun:
+            extend: bool = False, checked: Checked | None = None) -> PreparedRun:
     """The unfinished run in `workdir` ready to train (restored from its newest intact
-    checkpoint; damaged newer ones are moved aside with a warning).
+    checkpoint; damaged newer ones are moved aside with a warning). `checked`: what an earlier
+    `check_before_start` of this run established (its checks are made again, on it).
 
     Raises ConfigError, before any file in `workdir` is touched, for bad config or workdir, a
     changed schedule without `extend`, or no intact checkpoint.
     """
     workdir = os.fspath(workdir)
-    check_before_start(config, workdir, extend=extend)
+    model = check_before_start(config, workdir, extend=extend, checked=checked).model
     previous = read_summary(workdir)
     try:
         mesh = sharding.make_mesh(config.train.get("fsdp", 1))
         source = data_lib.make_source(config.data, seed=config.train.seed)
-        graphdef, state = init_state(config)
+        graphdef, state = init_state(config, model=model)
         state = jax.device_put(state, sharding.state_shardings(state, mesh))
         files = RunFiles(workdir)
         checkpoints = Checkpoints(workdir, keep=config.checkpoint.keep,
@@ -291,7 +354,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
     except (ValueError, CheckpointError) as error:
         raise ConfigError(str(error)) from error
     return PreparedRun(config, workdir, source, graphdef, state, checkpoints,
-                       sharding.batch_sharding(mesh), previous, resume_step)
+                       sharding.batch_sharding(mesh), previous, resume_step, model)
 
 
 def to_device_batch(batch: data_lib.Batch, batch_sharding: NamedSharding) -> dict:

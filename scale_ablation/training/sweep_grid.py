@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins, policies
+from scale_ablation.model.spec import ModelConfig
 from scale_ablation.records import jsonfiles
 from scale_ablation.records.run_files import FINISHED, RunFiles
 from scale_ablation.training import experiment_files as experiment
@@ -22,6 +23,14 @@ class Point:
     name: str
     overrides: dict
     config: object  # ml_collections.ConfigDict, resolved
+    model: ModelConfig | None = None  # the config's, from its one validation (`expand`)
+    stored: runs.StoredConfig | None = None  # its config.json, once read (`check_finished_runs`)
+
+    @property
+    def checked(self) -> runs.Checked | None:
+        """What the sweep established about the run, for `train` to check on (None: nothing,
+        a point made without `expand`)."""
+        return None if self.model is None else runs.Checked(self.model, self.stored)
 
 
 def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> list[Point]:
@@ -40,10 +49,10 @@ def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> lis
         config.wandb.group = config.wandb.group or group
         config.wandb.job_type = "sweep"
         try:
-            validate(config)
+            model = validate(config)  # the sweep's one validation of this point
         except ConfigError as error:
             raise ValueError(f"grid point {name}: {error}") from None
-        points.append(Point(name, dict(overrides), config))
+        points.append(Point(name, dict(overrides), config, model))
     return points
 
 
@@ -70,17 +79,22 @@ def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str,
     """Raise ConfigError if a started run was made with other identity fields than its point
     has now (the experiment file changed): skipping it would report a stale result, resuming it
     would mix two configs. Another schedule is refused too unless `extend`, which marks a
-    finished run "extend" in `statuses`."""
-    for point in points:
+    finished run "extend" in `statuses`. Each point in `points` is replaced by one carrying
+    its config.json as read here (`Point.stored`): the run's start reads it no more."""
+    for index, point in enumerate(points):
         workdir = os.path.join(sweep_dir, point.name)
+        stored = runs.StoredConfig.read(workdir)
+        points[index] = dataclasses.replace(point, stored=stored)
         if statuses[point.name] in FINISHED:
-            if runs.finished_summary(point.config, workdir, extend=extend) is None:
+            if runs.finished_summary(point.config, workdir, extend=extend,
+                                     stored=stored) is None:
                 statuses[point.name] = "extend"
-        elif os.path.isfile(os.path.join(workdir, "config.json")):
-            runs.check_same_run(workdir, point.config)
+        elif stored.stamp is not None:
+            runs.check_same_run(workdir, point.config, stored.config or {})
             saved = runs.checkpoint_steps(workdir)
             if saved:
-                runs.check_same_schedule(workdir, point.config, max(saved), extend=extend)
+                runs.check_same_schedule(workdir, point.config, max(saved), extend=extend,
+                                         old=stored.config or {})
 
 
 def final_statuses(sweep_dir: str, points: list[Point],

@@ -19,7 +19,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import locking
 from scale_ablation.records.run_files import FINISHED, RunFiles
-from scale_ablation.training import ensemble, hooks
+from scale_ablation.training import ensemble, hooks, planner
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.ahead import Ahead
 from scale_ablation.training.progress import Progress
@@ -51,14 +51,17 @@ def command(spec: str, sweep_dir: str, point: Point, run_flags: RunFlags = RunFl
 def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
                    outcomes: dict[str, str] | None = None, together: bool = True,
                    extra_hooks: Sequence[hooks.Periodic] = (), extend: bool = False,
-                   compile_ahead: bool = True) -> bool:
+                   compile_ahead: bool = True, max_members: int = 0) -> bool:
     """Returns False if the sweep was preempted (stop; rerun to continue). Each run's status
     goes into `outcomes` (name -> status) when given. `together`: points that can share one
-    program (`ensemble.group`) train as one ensemble. `compile_ahead`: each group's programs
-    are compiled in a background thread while the group before it trains (`ahead`)."""
+    program (`ensemble.group`) train as one ensemble, in programs of at most `max_members`
+    (0: as many as fit in the device's memory, `split_groups`). `compile_ahead`: each group's
+    programs are compiled in a background thread while the group before it trains (`ahead`)."""
     workdirs = [os.path.join(sweep_dir, point.name) for point in todo]
-    groups = (ensemble.group([p.config for p in todo], workdirs) if together
-              else [[index] for index in range(len(todo))])
+    groups = (split_groups(todo, ensemble.group([p.config for p in todo], workdirs,
+                                                [p.checked for p in todo], extend),
+                           max_members)
+              if together else [[index] for index in range(len(todo))])
     ahead = Ahead() if compile_ahead else None
     try:
         return _run_groups(sweep_dir, todo, groups, progress, outcomes, extra_hooks, extend,
@@ -66,6 +69,44 @@ def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
     finally:
         if ahead is not None:
             ahead.wait()
+
+
+def split_groups(todo: list[Point], groups: list[list[int]], max_members: int = 0,
+                 ) -> list[list[int]]:
+    """Each ensemble group as programs of at most N members (`planner.programs_of`), N printed
+    per group: `max_members`, or for 0 the planner's rule (`planner.members_that_fit`: N runs'
+    compiled peak within its share of this device's memory), analysed once per shape."""
+    fits: dict[tuple, tuple[int, str]] = {}
+    out = []
+    for number, indices in enumerate(groups, start=1):
+        if len(indices) == 1:
+            out.append(indices)
+            continue
+        size, why = (max_members, "--max_members") if max_members else _members_that_fit(
+            todo[indices[0]], fits)
+        size = size or len(indices)  # 0: the memory could not be analysed
+        programs = planner.programs_of(indices, size)
+        print(f"[sweep] group {number}: {len(indices)} runs, at most {size} members a program "
+              f"({why}): {len(programs)} program{'s' * (len(programs) > 1)}", flush=True)
+        out.extend(programs)
+    return out
+
+
+def _members_that_fit(point: Point, fits: dict[tuple, tuple[int, str]]) -> tuple[int, str]:
+    """(N, why) for `point`'s shape, from `fits` or analysed now (0 if that fails: a program
+    that cannot compile says why when its group starts)."""
+    shape = planner.shape_of(point.config, point.model)
+    if shape not in fits:
+        try:
+            dev = planner.device(measure=False)
+            peak = planner.shape_cost(point.config, point.model).peak_bytes
+        except Exception as error:  # then the group trains unsplit, as it did before N
+            fits[shape] = 0, f"memory not analysed: {type(error).__name__}: {error}"
+        else:
+            fits[shape] = planner.members_that_fit(dev, peak), (
+                f"peak {peak / 2**30:.3g} GiB a run, {planner.MEMORY_SHARE:.0%} of "
+                f"{dev.memory_bytes / 2**30:.3g} GiB on {dev.kind}")
+    return fits[shape]
 
 
 def _run_groups(sweep_dir: str, todo: list[Point], groups: list[list[int]], progress: Progress,
@@ -106,7 +147,8 @@ def _train_alone(sweep_dir: str, point: Point, extra_hooks: Sequence[hooks.Perio
     print(f"[sweep] {point.name}", flush=True)
     try:
         workdir = os.path.join(sweep_dir, point.name)
-        return train(point.config, workdir, extra_hooks, progress=False, extend=extend)["status"]
+        return train(point.config, workdir, extra_hooks, progress=False, extend=extend,
+                     checked=point.checked)["status"]
     except ConfigError as error:
         print(f"[sweep] {point.name}: error: {error}", flush=True)
     except Exception as error:  # a crashed run is recorded (summary.json) and the sweep goes on
@@ -128,7 +170,8 @@ def _train_together(sweep_dir: str, points: list[Point], extra_hooks: Sequence[h
     try:
         summaries = train_runs([p.config for p in points],
                                [os.path.join(sweep_dir, n) for n in names], names, extra_hooks,
-                               progress=False, extend=extend)
+                               progress=False, extend=extend,
+                               checked=[p.checked for p in points])
     except (ConfigError, ensemble.EnsembleMismatchError) as error:
         # A member was refused, or restored another step than the others (its latest
         # checkpoint was damaged), before any file was written: alone, each run goes on or
