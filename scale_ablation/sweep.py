@@ -271,7 +271,11 @@ def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, 
               f"added to {REFINED_FILE}", flush=True)
         new = refine_grid.points_of(added, points)
         points += new
-        owned.update(hold_runs(sweep_dir, new))
+        try:
+            owned.update(hold_runs(sweep_dir, new))
+        except ConfigError as error:  # another process holds one of the new run directories
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         code = _run_sweep(sweep_dir, points, new, imports, extra_hooks, owned,
                           write_report=False)
     if code == 3:

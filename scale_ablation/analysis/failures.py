@@ -23,7 +23,9 @@ the order of FAILURE_KINDS; an empty list means the run trains smoothly.
   is 1.4826 × MAD / √2 of the first differences of the post-warmup losses: differencing removes
   the slow trend, MAD ignores the spikes themselves, and for white noise of s.d. σ it estimates
   σ. At 6σ a Gaussian residual (s.d. about 1.08σ against a 10-point median) exceeds the bound
-  with probability ~1e-8, so a run of tens of thousands of steps raises no false alarm; minibatch
+  with probability ~1e-8, so a run of tens of thousands of steps raises no false alarm (on
+  every step's loss of eight 600-step runs of the `cpu` config at LR 1e-3 to 3e-2, 4,400 steps
+  after warmup, the largest residual was 4.4 noise units); minibatch
   loss noise has heavier tails than that, which is what the margin is for. The absolute floor
   keeps a solved task from spiking: an MQAR run recalling 99% of queries moves between losses of
   0.02 and 0.06 (the last few errors), three times its minimum and nothing a researcher would
