@@ -5,9 +5,7 @@ Counted from outside, in a process of the command's own: a driver wraps
 `run_config.validate` and `run_config.model_config` with counters before any other module is
 imported (so that `from run_config import validate` picks up the wrapper too), and counts every
 `open` of a file named config.json for reading, then runs `scale_ablation.main` or
-`scale_ablation.sweep` as the command line would. The loop's two `provenance.consumption` calls
-per run (its start and its summary) still build a ModelConfig of their own; they are counted
-apart, as the one exception.
+`scale_ablation.sweep` as the command line would.
 """
 
 from __future__ import annotations
@@ -39,8 +37,7 @@ def validate(config):
 
 
 def model_config(config):
-    caller = sys._getframe(1).f_code.co_name
-    counts["model_config_in_consumption" if caller == "consumption" else "model_config"] += 1
+    counts["model_config"] += 1
     return real_model_config(config)
 
 

@@ -56,8 +56,10 @@ def run_in_process(sweep_dir, todo, progress, outcomes=None, **kwargs):
 '''
 
 DRIVER = """
+import os
 import sys
 sys.path.insert(0, sys.argv.pop(1))
+sys.path.insert(1, os.getcwd())  # the repository, as `python -m` from it puts it: `experiments`
 import fake_runner
 from absl import app
 from scale_ablation import sweep

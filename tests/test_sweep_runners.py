@@ -79,3 +79,25 @@ def test_max_members_sets_n(points, tmp_path, most, capsys):
         min(most, SEEDS - start) for start in range(0, SEEDS, most)]
     assert sorted(i for program in split for i in program) == list(range(SEEDS))
     assert "(--max_members)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"model.num_heads": 1, "model.head_dim": 64, "data.seq_len": 64},
+    {"policy": "qk_layernorm", "model.mlp_ratio": 1, "train.batch_size": 8},
+])
+def test_the_analytic_bound_lies_above_the_compiled_peak(points, overrides):
+    """The runner skips the memory analysis when `peak_bound` says a group fits: safe only
+    while the bound over-estimates what XLA's memory analysis reports."""
+    config = points[0].config.copy_and_resolve_references()
+    for key, value in overrides.items():
+        node, _, leaf = key.rpartition(".")
+        (config[node] if node else config)[leaf] = value
+    assert planner.peak_bound(config) >= planner.shape_cost(config).peak_bytes
+
+
+def test_a_group_that_surely_fits_compiles_nothing(points, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(planner, "shape_cost", lambda *a, **k: pytest.fail("compiled"))
+    split = sweep_runners.split_groups(points, groups_of(points, tmp_path))
+    assert split == [list(range(SEEDS))]
+    assert "fits: at most" in capsys.readouterr().out

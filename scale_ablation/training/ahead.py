@@ -17,25 +17,30 @@ import jax
 import ml_collections
 from absl import logging
 
+from scale_ablation.model.spec import ModelConfig
 from scale_ablation.training import runs, sharding
 from scale_ablation.training.compile_log import AHEAD_THREAD
 from scale_ablation.training.ensemble import MemberAxis
 
 
-def _stand_in(config: ml_collections.ConfigDict) -> runs.PreparedRun:
-    """A fresh run's state, placed as `runs.prepare` places it; no data, no files."""
+def _stand_in(config: ml_collections.ConfigDict,
+              model: ModelConfig | None = None) -> runs.PreparedRun:
+    """A fresh run's state, placed as `runs.prepare` places it; no data, no files. `model`:
+    the config's ModelConfig, if the caller has it (a sweep's point has)."""
     mesh = sharding.make_mesh(config.train.get("fsdp", 1))
-    graphdef, state = runs.init_state(config)
+    graphdef, state = runs.init_state(config, model=model)
     state = jax.device_put(state, sharding.state_shardings(state, mesh))
     return runs.PreparedRun(config, "", None, graphdef, state, None,
                             sharding.batch_sharding(mesh), None, None)
 
 
-def compile_group(configs: Sequence[ml_collections.ConfigDict], pipelined: bool = True) -> None:
+def compile_group(configs: Sequence[ml_collections.ConfigDict], pipelined: bool = True,
+                  models: Sequence[ModelConfig | None] | None = None) -> None:
     """Compile the init program and the train step of `configs`, one ensemble group: the
     program of `train.steps_per_call` steps, the length most of its chunks have (others, near
     the steps where hooks read the state, compile when first used)."""
-    stand_ins = [_stand_in(config) for config in configs]
+    models = [None] * len(configs) if models is None else models
+    stand_ins = [_stand_in(config, model) for config, model in zip(configs, models, strict=True)]
     axis = MemberAxis(stand_ins, donate=not pipelined)
     axis.compile_step(axis.stack([run.state for run in stand_ins]),
                       configs[0].train.get("steps_per_call", 1))
@@ -47,16 +52,18 @@ class Ahead:
     def __init__(self):
         self._thread: threading.Thread | None = None
 
-    def start(self, configs: Sequence[ml_collections.ConfigDict]) -> None:
+    def start(self, configs: Sequence[ml_collections.ConfigDict],
+              models: Sequence[ModelConfig] | None = None) -> None:
         self.wait()
-        self._thread = threading.Thread(target=self._compile, args=(list(configs),),
+        self._thread = threading.Thread(target=self._compile, args=(list(configs), models),
                                         name=AHEAD_THREAD, daemon=True)
         self._thread.start()
 
     @staticmethod
-    def _compile(configs: list[ml_collections.ConfigDict]) -> None:
+    def _compile(configs: list[ml_collections.ConfigDict],
+                 models: Sequence[ModelConfig] | None) -> None:
         try:
-            compile_group(configs)
+            compile_group(configs, models=models)
         except Exception as error:  # the group compiles, and says what is wrong, when it starts
             logging.info("compiling ahead failed: %s: %s", type(error).__name__, error)
 

@@ -136,7 +136,8 @@ class Member:
         """One line when the planned steps read the training split more than once: the final
         loss then measures memorisation too, and memorisation grows with parameters."""
         planned = provenance.consumption(self.config, self.parameter_counts,
-                                         self.config.train.steps, self.train_tokens)
+                                         self.config.train.steps, self.train_tokens,
+                                         self.run.model)
         if (planned["passes_over_data"] or 0) > 1:
             print(f"{self.label}warning: {planned['tokens_seen']:,} training tokens are "
                   f"{planned['passes_over_data']:.1f} passes over the {self.train_tokens:,}-token "
@@ -230,7 +231,8 @@ class Member:
             **self.summary_fields,
             **failures.summary_spike(self.step_losses.complete(),
                                      warmup_steps=self.config.train.warmup_steps),
-            **provenance.consumption(self.config, self.parameter_counts, step, self.train_tokens),
+            **provenance.consumption(self.config, self.parameter_counts, step, self.train_tokens,
+                                     self.run.model),
             "environment": self.environment,
             **extra,
         }

@@ -286,6 +286,24 @@ def rate(dev: Device, flops_per_token: float, members: int,
                       "TFLOP/s")
 
 
+def peak_bound(config: ml_collections.ConfigDict, model: ModelConfig | None = None) -> int:
+    """An over-estimate of one run's train-step peak in bytes, counted without compiling: the
+    parameters with their gradient, two Adam moments and a copy in flight (×6), plus every
+    layer's activations kept for the backward pass (residual-width tensors and the
+    (heads, T, T) logits and weights), each ×4 for temporaries; 4 bytes per number. The
+    sweep's runner compiles the step for its exact peak only when this says a group may not
+    fit (tests/test_sweep_runners.py checks it lies above the compiled peak)."""
+    model = run_config.model_config(config) if model is None else model
+    rows, seq_len = config.train.batch_size, config.data.seq_len
+    width = max(model.d_model * (1 + max(model.mlp_ratio, 1)),
+                model.num_heads * model.head_dim * 4)
+    per_layer = rows * seq_len * width * 8 + rows * model.num_heads * seq_len * seq_len * 3
+    logits = rows * seq_len * model.vocab_size * 3  # the output logits and softmax
+    numbers = 6 * _parameter_counts(model)["parameters"] + 4 * (
+        model.num_layers * per_layer + logits)
+    return int(4 * numbers)
+
+
 def members_that_fit(dev: Device, peak_bytes: int) -> int:
     """Ensemble members per program: a vmapped program of K members holds K runs' arguments,
     outputs and temporaries, so K × one run's peak must fit in MEMORY_SHARE of the device."""

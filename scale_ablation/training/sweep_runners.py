@@ -83,7 +83,7 @@ def split_groups(todo: list[Point], groups: list[list[int]], max_members: int = 
             out.append(indices)
             continue
         size, why = (max_members, "--max_members") if max_members else _members_that_fit(
-            todo[indices[0]], fits)
+            todo[indices[0]], len(indices), fits)
         size = size or len(indices)  # 0: the memory could not be analysed
         programs = planner.programs_of(indices, size)
         print(f"[sweep] group {number}: {len(indices)} runs, at most {size} members a program "
@@ -92,13 +92,20 @@ def split_groups(todo: list[Point], groups: list[list[int]], max_members: int = 
     return out
 
 
-def _members_that_fit(point: Point, fits: dict[tuple, tuple[int, str]]) -> tuple[int, str]:
+def _members_that_fit(point: Point, count: int,
+                      fits: dict[tuple, tuple[int, str]]) -> tuple[int, str]:
     """(N, why) for `point`'s shape, from `fits` or analysed now (0 if that fails: a program
-    that cannot compile says why when its group starts)."""
+    that cannot compile says why when its group starts). When `count` members fit by
+    `planner.peak_bound`, nothing is compiled: the memory analysis costs a compile of the
+    train step, which a group that surely fits should not pay."""
     shape = planner.shape_of(point.config, point.model)
+    dev = planner.device(measure=False)
+    bound = planner.peak_bound(point.config, point.model)
+    if planner.members_that_fit(dev, bound) >= count:
+        return count, (f"fits: at most {bound / 2**30:.3g} GiB a run, {planner.MEMORY_SHARE:.0%}"
+                       f" of {dev.memory_bytes / 2**30:.3g} GiB on {dev.kind}")
     if shape not in fits:
         try:
-            dev = planner.device(measure=False)
             peak = planner.shape_cost(point.config, point.model).peak_bytes
         except Exception as error:  # then the group trains unsplit, as it did before N
             fits[shape] = 0, f"memory not analysed: {type(error).__name__}: {error}"
@@ -118,7 +125,8 @@ def _run_groups(sweep_dir: str, todo: list[Point], groups: list[list[int]], prog
         if ahead is not None:
             ahead.wait()  # this group's programs, begun while the last one trained
             if number < len(groups):
-                ahead.start([todo[index].config for index in groups[number]])
+                ahead.start([todo[index].config for index in groups[number]],
+                            [todo[index].model for index in groups[number]])
         points = [todo[index] for index in indices]
         label = points[0].name if len(points) == 1 else f"group {number}/{len(groups)}"
         group_hooks = [*extra_hooks, progress.step_hook(label)]
