@@ -38,6 +38,7 @@ def test_transfer_rule_on_known_optima(best_lr_at, expect, verdict):
     assert rule.judge(synthetic_rows(best_lr_at)).verdict == verdict
 
 
+@pytest.mark.slow  # ~1-2 min; the transfer rule and plots are checked on synthetic rows
 def test_quick_width_sweep_runs_end_to_end(tmp_path):
     spec = f"{REPO}/experiments/mup_transfer.py:quick"
     result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
