@@ -12,11 +12,17 @@ with the width, the axis the attention scale acts on). μP's base is the smalles
 can break μ-transfer) is whether the located best LR stays within one grid step across widths
 (`scale_ablation.analysis.transfer`).
 
-Variants: `cpu` (2 cores: widths 64-512, 4 heads, 2 layers, 100 steps of 8 × 64 bytes, a 16 KiB
-test split; 6 LRs 1e-3..3.2e-2 × 2 parametrisations × 3 policies × 2 seeds × 4 widths = 288 runs.
-Measured: width 512 trains at 0.47 s/step on a loaded 2-core machine, so ~70 s a run with start-up,
-~130 s for the four widths of one LR and seed: about 2.5 hours, less on an idle machine), default (one accelerator: widths 256-2048, 8 heads, 4 layers, 2000
-steps) and `quick` (tests: widths 32 and 64, 2 LRs, 1 seed, a few seconds a run).
+Variants: `cpu` (2 cores: widths 64-256, 4 heads, 2 layers, 300 steps of 16 × 128 bytes, a
+16 KiB test split; 7 LRs 2.5e-4..1.6e-2 × 2 parametrisations × 3 policies × 2 seeds × 3 widths =
+252 runs; not yet run). Why this size: a pilot of the earlier design (widths 64-512, 100 steps
+of 8 × 64 bytes, 192 of its 288 runs, 2026-12-01) ended every run between 3.65 and 4.8 bits per
+byte, above the bigram line (3.59): all `not_learning`, so its optima were those of a model
+that had not yet left the bigram plateau. On the base model 16 × 128-byte batches pass the
+bigram line near step 200 and reach 3.1-3.2 by 300-400 (experiments/results/stabilisers_cpu).
+The pilot's shape, for the record: SP's best LR fell from ~1e-2 (width 64) to 4e-3, 2e-3 and
+the grid's lowest, 1e-3, at 512, while μP with mup_inv_dk kept ~8e-3 at 64 and 128; hence a
+grid from 2.5e-4. Default (one accelerator: widths 256-2048, 8 heads, 4 layers, 2000 steps)
+and `quick` (tests: widths 32 and 64, 2 LRs, 1 seed, a few seconds a run).
 """
 
 from experiments import base
@@ -26,7 +32,7 @@ from scale_ablation.analysis import transfer
 POLICIES = ("inv_sqrt_dk", "mup_inv_dk", "qk_layernorm")  # mup_inv_dk gets the base head dim
 SIZES = {  # widths, heads, layers, steps, batch, seq_len, LR grid (×2), seeds
     "quick": ((32, 64), 2, 1, 10, 4, 32, (4e-3, 8e-3), (0,)),
-    "cpu": ((64, 128, 256, 512), 4, 2, 100, 8, 64, tuple(1e-3 * 2**k for k in range(6)), (0, 1)),
+    "cpu": ((64, 128, 256), 4, 2, 300, 16, 128, tuple(2.5e-4 * 2**k for k in range(7)), (0, 1)),
     None: ((256, 512, 1024, 2048), 8, 4, 2000, 64, 256, tuple(2.5e-4 * 2**k for k in range(8)),
            (0, 1, 2)),
 }

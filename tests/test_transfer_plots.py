@@ -1,5 +1,5 @@
 """The width-transfer figures (`analysis.transfer_plots`) on summary rows shaped like
-experiments/mup_transfer.py:cpu's grid (2 parametrisations × 3 policies × 4 widths × 6 LRs × 2
+experiments/mup_transfer.py:cpu's grid (2 parametrisations × 3 policies × widths × LRs × 2
 seeds), whose losses are parabolas in log2(lr) with a known vertex per (parametrisation, policy,
 width). Checked: the report draws both figures for a width sweep and neither for a sweep without
 a width axis; every series is drawn; the located best LR drawn is the closed-form vertex; the
@@ -26,8 +26,8 @@ NAMES = ("best_lr_vs_width.png", "loss_vs_lr_by_width.png")
 
 
 def best_lr(parametrization: str, policy: str, width: int) -> float:
-    """The vertex of the loss curve: SP with 1/√d_k moves ×½ per doubling (at width 512 it is the
-    grid's lowest LR, an edge); the others stay at 6e-3, between grid points."""
+    """The vertex of the loss curve: SP with 1/√d_k moves ×½ per doubling; the others stay
+    at 6e-3, between grid points."""
     if (parametrization, policy) == ("sp", "inv_sqrt_dk"):
         return 8e-3 * 64 / width
     return 6e-3
@@ -139,9 +139,11 @@ def test_one_colour_per_policy_across_the_report(rendered):
     for gid, lines in series(figures["loss_vs_lr.png"]).items():
         assert {line.get_color() for _, line in lines} == {style.colours[gid.split("|")[0]]}
     curves = series(figures["loss_vs_lr_by_width.png"])
+    widths = sorted({point["model.d_model"] for point in mup_transfer.sweep("cpu")})
     for p, policy in settings():
         colour = np.array(to_rgb(style.colours[policy]))
-        shades = [np.array(curves[f"{p}|{policy}|{w}"][0][1].get_color()) for w in (64, 512)]
+        shades = [np.array(curves[f"{p}|{policy}|{w}"][0][1].get_color())
+                  for w in (widths[0], widths[-1])]
         np.testing.assert_allclose(shades[1], colour)
         assert np.all(shades[0] >= colour - 1e-12) and np.any(shades[0] > colour + 0.1)
 
