@@ -1,4 +1,4 @@
-"""A published study regenerates from its own run files: experiments/results/headline/run_files holds
+"""A published study regenerates from its own run files: experiments/results/STUDY/run_files holds
 each run's config.json, metrics.jsonl and summary.json (no checkpoints) and the sweep's record;
 the report written from a copy of them gives the committed summary.csv and claims.md."""
 
@@ -8,11 +8,13 @@ import csv
 import pathlib
 import shutil
 
+import pytest
 from helpers import REPO
 
 from scale_ablation import report
 
-PUBLISHED = REPO / "experiments" / "results" / "headline"
+RESULTS = REPO / "experiments" / "results"
+STUDIES = sorted(p.parent.name for p in RESULTS.glob("*/run_files"))
 
 
 def rows(path: pathlib.Path) -> list[dict]:
@@ -20,10 +22,16 @@ def rows(path: pathlib.Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def test_the_headline_report_regenerates_from_its_run_files(tmp_path):
-    sweep_dir = tmp_path / "headline"
-    shutil.copytree(PUBLISHED / "run_files", sweep_dir)
+def test_every_study_with_run_files_is_found():
+    assert "headline" in STUDIES
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_a_published_report_regenerates_from_its_run_files(tmp_path, study):
+    published = RESULTS / study
+    sweep_dir = tmp_path / study
+    shutil.copytree(published / "run_files", sweep_dir)
     out = pathlib.Path(report.write_report(str(sweep_dir)))
-    assert rows(out / "summary.csv") == rows(PUBLISHED / "summary.csv")
-    regenerated = (out / "claims.md").read_text().replace(str(sweep_dir), "runs/headline")
-    assert regenerated == (PUBLISHED / "claims.md").read_text()
+    assert rows(out / "summary.csv") == rows(published / "summary.csv")
+    regenerated = (out / "claims.md").read_text().replace(str(sweep_dir), f"runs/{study}")
+    assert regenerated == (published / "claims.md").read_text()
