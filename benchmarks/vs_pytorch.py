@@ -23,6 +23,7 @@ PaLM appendix B, no causal halving: the same formula on both sides, each with it
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -239,10 +240,17 @@ def compare(args: argparse.Namespace) -> dict:
     for seq in args.seqs:
         records = measure_seq(seq, args, shape)
         results["seqs"][str(seq)] = {"summary": summarise(records), "records": records}
-    results["loadavg_after"] = bench.loadavg()
-    versions = {r["side"]: r["version"] for s in results["seqs"].values() for r in s["records"]}
-    results["machine"]["torch"] = versions.get("torch")
+        results["machine"]["torch"] = next(r["version"] for r in records if r["side"] == "torch")
+        results["loadavg_after"] = bench.loadavg()
+        if args.out:  # after every sequence: a long run that stops keeps what it measured
+            write(results, args.out)
     return results
+
+
+def write(results: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=2)
 
 
 def show(results: dict) -> None:
@@ -305,12 +313,13 @@ def main(argv: list[str]) -> int:
         print(f"error: --seqs: {max(args.seqs)} exceeds model.max_seq_len {max_seq}",
               file=sys.stderr)
         return 2
+    if importlib.util.find_spec("torch") is None:
+        print("error: the PyTorch side needs torch: pip install -e '.[reference]'",
+              file=sys.stderr)
+        return 2
     results = compare(args)
     show(results)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
         print(f"wrote {args.out}")
     return 0 if all(math.isfinite(r["step_s"]) for s in results["seqs"].values()
                     for r in s["records"]) else 1
