@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 from absl import app, flags
@@ -318,8 +319,21 @@ def main(argv: list[str], reference: str | None = None, workspace: bool = False)
         return 2
     with open(os.path.join(out, "summary.md")) as f:
         print(f.read())
+    # The verdicts last, where a reader of a long table finds them (the main job's closing lines).
+    print("\n".join(verdict_lines(out)))
     print(f"report written to {out}")
     return 0
+
+
+def verdict_lines(out: str) -> list[str]:
+    """'N. claim: Verdict: **word**' for each claim in `out`/claims.md (none: no claims file)."""
+    path = os.path.join(out, "claims.md")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        text = f.read()
+    return [f"{title}: {verdict}" for title, verdict in re.findall(
+        r"^## (\d+\. .*?)\n.*?^(Verdict.*?\*\*\w+\*\*)", text, re.M | re.S)]
 
 
 if __name__ == "__main__":

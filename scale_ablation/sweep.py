@@ -36,7 +36,6 @@ from __future__ import annotations
 import errno
 import logging as stdlib_logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 
@@ -320,16 +319,10 @@ def _write_report(sweep_dir: str) -> bool:
 def _print_verdicts(out: str) -> None:
     """The closing lines: where the report is, and each claim's computed verdict with what the
     sweep's design cannot support (claims.md says it at the head of every verdict)."""
+    lines = [f"[sweep] {line}" for line in report.verdict_lines(out)]
     path = os.path.join(out, "claims.md")
-    lines = []
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-        lines = [f"[sweep] {title}: {verdict}" for title, verdict in re.findall(
-            r"^## (\d+\. .*?)\n.*?^(Verdict.*?\*\*\w+\*\*)", text, re.M | re.S)]
     print("\n".join([*lines, f"[sweep] report: {out}/summary.md"
                      + (f", {path}" if lines else "")]), flush=True)
-
 
 if __name__ == "__main__":
     app.run(lambda argv: sys.exit(main(argv)))
