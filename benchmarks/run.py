@@ -266,12 +266,13 @@ COMPILE_LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train step
                           r"([0-9.]+) s compiling \(([0-9.]+) s not ahead\)")
 
 
-def _timed_sweep(spec: str, sweep_dir: str, env: dict) -> tuple[float, dict]:
-    """Wall seconds of the in-process sweep runner on `spec`, and what it compiled."""
+def _timed_sweep(spec: str, sweep_dir: str, env: dict, *extra: str) -> tuple[float, dict]:
+    """Wall seconds of the in-process sweep runner on `spec` (with the sweep flags `extra`),
+    and what it compiled."""
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
-         f"--workdir={sweep_dir}", "--report=False"],
+         f"--workdir={sweep_dir}", "--report=False", *extra],
         check=True, env=env, capture_output=True, text=True, cwd=os.getcwd())
     seconds = time.perf_counter() - start
     found = COMPILE_LINE.search(result.stdout)
@@ -281,15 +282,35 @@ def _timed_sweep(spec: str, sweep_dir: str, env: dict) -> tuple[float, dict]:
     return seconds, compiled
 
 
+SWEEP_SPEC = "experiments/dk_sweep.py:quick"
+SWEEP_ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def sweep_grid(quick: bool) -> list[dict]:
+    """dk_sweep.py:quick's grid; `quick`: one point per policy family at two head_dims (four
+    groups: the same mechanism, less time)."""
+    grid = experiment.load_grid(SWEEP_SPEC)
+    if quick:
+        grid = [p for p in grid if p["policy"] in ("inv_sqrt_dk", "none")
+                and p["model.head_dim"] in (16, 64) and p.get("model.init") == "fan_in"]
+    return grid
+
+
+def write_grid_slice(directory: str, grid: list[dict]) -> str:
+    """An experiment file in `directory` with dk_sweep's config and `grid`; its spec."""
+    slice_file = os.path.join(directory, "grid.py")
+    with open(slice_file, "w") as f:
+        f.write("from experiments import dk_sweep\n"
+                f"get_config = dk_sweep.get_config\ndef sweep(arg=None):\n"
+                f"    return {grid!r}\n")
+    return f"{slice_file}:quick"
+
+
 def sweep_speedup(quick: bool) -> dict:
     """Naive (fresh process per run, no cache) vs the default runner on the same grid, cold
     (fresh dirs, empty cache) and warm (fresh run dirs, the cold run's compilation cache)."""
-    spec = "experiments/dk_sweep.py:quick"
-    grid = experiment.load_grid(spec)
-    if quick:  # one point per policy family at two head_dims: the same mechanism, less time
-        grid = [p for p in grid if p["policy"] in ("inv_sqrt_dk", "none")
-                and p["model.head_dim"] in (16, 64) and p.get("model.init") == "fan_in"]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    spec, grid = SWEEP_SPEC, sweep_grid(quick)
+    env = {**os.environ, **SWEEP_ENV}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         for point in grid:
@@ -299,20 +320,16 @@ def sweep_speedup(quick: bool) -> dict:
                  "--config.train.compilation_cache=False", *experiment.override_flags(point)],
                 check=True, env=env, capture_output=True)
         naive = time.perf_counter() - start
-        slice_file = os.path.join(tmp, "grid.py")
-        with open(slice_file, "w") as f:
-            f.write("from experiments import dk_sweep\n"
-                    f"get_config = dk_sweep.get_config\ndef sweep(arg=None):\n"
-                    f"    return {grid!r}\n")
+        sliced = write_grid_slice(tmp, grid)
         sweep_dir = f"{tmp}/runner/sweep"
-        runner, cold = _timed_sweep(f"{slice_file}:quick", sweep_dir, env)
+        runner, cold = _timed_sweep(sliced, sweep_dir, env)
         # The rerun: the same directory without its runs. (The cache must stay where it was:
         # its keys hold its path, through the XLA caches JAX keeps inside it.)
         for entry in os.listdir(sweep_dir):
             if entry != ".jax_cache":
                 path = os.path.join(sweep_dir, entry)
                 shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-        warm, warm_compiled = _timed_sweep(f"{slice_file}:quick", sweep_dir, env)
+        warm, warm_compiled = _timed_sweep(sliced, sweep_dir, env)
     return {"runs": len(grid), "naive_s": naive, "runner_s": runner, "warm_s": warm,
             "speedup": naive / runner, "speedup_warm_cache": naive / warm,
             # Compile seconds include those of the compile-ahead thread, which overlap training.

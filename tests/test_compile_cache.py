@@ -30,9 +30,19 @@ LINE = re.compile(r"\[sweep\] compiled (\d+) programs \((\d+) train steps, (\d+)
                   r"ahead\), (\d+) loaded")
 
 
-def run_sweep(spec: str, sweep_dir) -> tuple[int, int, int, int]:
+KINDS = re.compile(r"compiled by kind: (.*)$", re.M)
+
+
+def kinds(stdout: str) -> dict[str, int]:
+    """The sweep's 'compiled by kind: name n, ...' as {name: n} (empty when none compiled)."""
+    found = KINDS.search(stdout)
+    return {} if not found else {name: int(n) for name, n in
+                                 (item.rsplit(" ", 1) for item in found.group(1).split(", "))}
+
+
+def run_sweep(spec: str, sweep_dir, by_kind: dict | None = None) -> tuple[int, int, int, int]:
     """(programs compiled, train steps compiled, of them in the compile-ahead thread,
-    programs loaded from the cache)."""
+    programs loaded from the cache); `by_kind` is filled with the compiled programs by kind."""
     result = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
          f"--workdir={sweep_dir}", "--noreport"],
@@ -41,6 +51,8 @@ def run_sweep(spec: str, sweep_dir) -> tuple[int, int, int, int]:
     assert result.returncode == 0, result.stdout + result.stderr
     found = LINE.search(result.stdout)
     assert found, result.stdout
+    if by_kind is not None:
+        by_kind.update(kinds(result.stdout))
     return tuple(int(n) for n in found.groups())
 
 
@@ -49,8 +61,16 @@ def test_warm_cache_rerun_compiles_nothing(tmp_path, steps_per_call):
     spec = tmp_path / "tiny_compile.py"
     spec.write_text(experiment(steps_per_call))
     sweep_dir = tmp_path / "sweep"
-    compiled, train_steps, ahead, _ = run_sweep(str(spec), sweep_dir)
+    by_kind = {}
+    compiled, train_steps, ahead, _ = run_sweep(str(spec), sweep_dir, by_kind)
     assert compiled > train_steps  # init, eval, diagnostics, ...
+    # The sweep's count by kind adds up to its total and its train-step count (a count done
+    # another way).
+    assert sum(by_kind.values()) == compiled
+    assert sum(n for name, n in by_kind.items() if name.startswith("train_step")) == train_steps
+    # One program per structure and kind: init, evaluation and diagnostics once for each of the
+    # two structures (the K=2 ensemble and the solo run), not once per run (three).
+    assert [by_kind.get(kind) for kind in ("init", "eval_step", "diagnostics_step")] == [2, 2, 2]
     # K=2 and solo, each once: the solo program (of one step, or of a chunk of two) was compiled
     # while the ensemble trained, and its group used it instead of compiling it again.
     assert (train_steps, ahead) == (2, 1)

@@ -5,6 +5,7 @@ them (a warm-cache rerun compiles no train step)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 
@@ -99,4 +100,11 @@ class CompileLog:
         ahead = sum(p.thread == AHEAD_THREAD for p in train_steps)
         return (f"compiled {len(self.compiled())} programs ({len(train_steps)} train steps, "
                 f"{ahead} of them ahead), {loaded} loaded from the compilation cache, "
-                f"{self.seconds:.1f} s compiling ({self.seconds_waited:.1f} s not ahead)")
+                f"{self.seconds:.1f} s compiling ({self.seconds_waited:.1f} s not ahead)"
+                + (f"; compiled by kind: {self.kinds_line()}" if self.compiled() else ""))
+
+    def kinds_line(self) -> str:
+        """'train_step 1, eval_step 2, ...': compiled programs counted by jitted function, most
+        first, so that a sweep shows which kind compiled more than once per structure."""
+        counts = collections.Counter(p.name for p in self.compiled())
+        return ", ".join(f"{name} {count}" for name, count in counts.most_common())

@@ -273,7 +273,7 @@ def rate(dev: Device, flops_per_token: float, members: int,
     if not entries:
         return ASSUMED_MFU * dev.peak_flops, (
             f"no throughput table for {dev.kind}: assumed {ASSUMED_MFU:.0%} MFU of "
-            f"{dev.peak_flops / 1e12:,.1f} TFLOP/s ({dev.peak_source})")
+            f"{flops_text(dev.peak_flops)} ({dev.peak_source})")
 
     def distance(entry: dict) -> float:
         return (abs(math.log(entry["flops_per_token"] / flops_per_token))
@@ -282,8 +282,15 @@ def rate(dev: Device, flops_per_token: float, members: int,
     entry = min(entries, key=distance)
     achieved = entry["tokens_per_s"] * entry["flops_per_token"]
     return achieved, (f"measured ({table.get('device_kind')}, {table.get('date')}): nearest "
-                      f"entry {entry['name']} K={entry['members']}, {achieved / 1e12:.3g} "
-                      "TFLOP/s")
+                      f"entry {entry['name']} K={entry['members']}, {flops_text(achieved)}")
+
+
+def flops_text(per_second: float) -> str:
+    """'165 GFLOP/s' below a TFLOP/s (a CPU's rate printed in TFLOP/s read 0.0), else '989.0
+    TFLOP/s'."""
+    if per_second < 1e12:
+        return f"{per_second / 1e9:,.3g} GFLOP/s"
+    return f"{per_second / 1e12:,.1f} TFLOP/s"
 
 
 def peak_bound(config: ml_collections.ConfigDict, model: ModelConfig | None = None) -> int:
