@@ -101,11 +101,11 @@ def test_tiny_side_by_side_run(tmp_path):
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-    subprocess.run([sys.executable, "-m", "benchmarks.vs_pytorch", "--tiny", "--seqs=32,64",
+    subprocess.run([sys.executable, "-m", "benchmarks.vs_pytorch", "--tiny", "--seqs=32",
                     "--rounds=2", "--reps=2", "--impls=reference", "--threads=1",
                     f"--out={out}"], check=True, capture_output=True, timeout=240, env=env)
     results = json.loads(out.read_text())
-    assert set(results["seqs"]) == {"32", "64"}
+    assert set(results["seqs"]) == {"32"}  # one length: each is four processes (~9 s each)
     for seq, entry in results["seqs"].items():
         records = entry["records"]
         # Alternating: jax then torch in round 0, the other way round in round 1.
