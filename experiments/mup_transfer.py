@@ -13,8 +13,9 @@ can break μ-transfer) is whether the located best LR stays within one grid step
 (`scale_ablation.analysis.transfer`).
 
 Variants: `cpu` (2 cores: widths 64-256, 4 heads, 2 layers, 300 steps of 16 × 128 bytes, a
-16 KiB test split; 7 LRs 2.5e-4..1.6e-2 × 2 parametrisations × 3 policies × 2 seeds × 3 widths =
-252 runs; not yet run). Why this size: a pilot of the earlier design (widths 64-512, 100 steps
+16 KiB test split; 7 LRs 2.5e-4..1.6e-2 (5, from 1e-3, at width 256: `LOWEST_LR`) × 2
+parametrisations × 3 policies × 2 seeds = 228 runs; measured on the idle 2-core VM, a group of
+28 runs took ~5 min at width 64 and ~19 min at width 128, so ~3.5 h in all, most of it at 256). Why this size: a pilot of the earlier design (widths 64-512, 100 steps
 of 8 × 64 bytes, 192 of its 288 runs, 2026-12-01) ended every run between 3.65 and 4.8 bits per
 byte, above the bigram line (3.59): all `not_learning`, so its optima were those of a model
 that had not yet left the bigram plateau. On the base model 16 × 128-byte batches pass the
@@ -36,6 +37,12 @@ SIZES = {  # widths, heads, layers, steps, batch, seq_len, LR grid (×2), seeds
     None: ((256, 512, 1024, 2048), 8, 4, 2000, 64, 256, tuple(2.5e-4 * 2**k for k in range(8)),
            (0, 1, 2)),
 }
+
+# The cpu grid at width 256 starts at 1e-3. At widths 64 and 128 (the first 56 runs, 2026-12-01)
+# SP's best LR for 1/√d_k fell from 8e-3 to 4e-3 and no cell's best was below 2e-3, so 2.5e-4
+# and 5e-4 would sit ≥ ×4 below any optimum at 256, where a run costs ~3× one at 128; `--refine`
+# extends the grid downward if a best lands on 1e-3. (variant, width) -> lowest LR.
+LOWEST_LR = {("cpu", 256): 1e-3}
 
 
 def get_config(arg: str | None = None):
@@ -71,7 +78,7 @@ def sweep(arg: str | None = None) -> list[dict]:
         for parametrization in ("sp", "mup")
         for policy in POLICIES
         for width in widths
-        for lr in lrs
+        for lr in lrs if lr >= LOWEST_LR.get((arg, width), 0.0)
         for seed in seeds
     ]
 
