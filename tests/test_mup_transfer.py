@@ -38,6 +38,21 @@ def test_transfer_rule_on_known_optima(best_lr_at, expect, verdict):
     assert rule.judge(synthetic_rows(best_lr_at)).verdict == verdict
 
 
+@pytest.mark.parametrize("expect", [True, False])
+def test_seeds_that_disagree_leave_transfer_unresolved(expect):
+    """Every width's mean curve has its optimum at 8e-3 (a point estimate that transfers), but
+    seed 0's optimum is 2e-3 and seed 1's 3.2e-2 at every width: the bootstrap intervals span
+    ×16, wider than the ×2 margin, so neither transfer nor a move is shown."""
+    rows = [r for r in synthetic_rows(lambda w: 2e-3) if r["seed"] == 0]
+    rows += [{**r, "seed": 1, "final_val_bpb": r2["final_val_bpb"]}
+             for r, r2 in zip(rows, (r for r in synthetic_rows(lambda w: 3.2e-2)
+                                     if r["seed"] == 0), strict=True)]
+    found = transfer.optima(rows)[("mup", "inv_sqrt_dk")]
+    assert {round(o.lr_star, 6) for o in found.values()} == {8e-3}
+    verdict = transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=expect).judge(rows)
+    assert verdict.verdict == "inconclusive" and "unresolved" in verdict.numbers[0]
+
+
 @pytest.mark.slow  # ~1-2 min; the transfer rule and plots are checked on synthetic rows
 def test_quick_width_sweep_runs_end_to_end(tmp_path):
     spec = f"{REPO}/experiments/mup_transfer.py:quick"

@@ -2,12 +2,15 @@
 (parametrisation, policy) the located best LR at each width, and whether it stays put.
 
 Rule: each width's optimum is `optimum.fit_optimum` over its LR grid (mean over seeds; the
-parabola's vertex through the best point and its neighbours). A setting *transfers* when the
-largest and the smallest located optimum over the widths are within one grid step of each
-other (their ratio <= the grid's ratio, ×2 here); it *moves* when they are not. A best LR on its
-grid's edge is a bound, not a location: the verdict is then inconclusive, unless the interior
-widths alone already move by more than a step. `Transfer.judge(rows)` turns that into a claim's
-verdict (supported when every listed setting does what the claim expects).
+parabola's vertex through the best point and its neighbours), with its bootstrap interval over
+seeds. The margin is one grid step (×2 here). A setting *transfers* when even the intervals stay
+within it: the largest upper end over the widths is at most one step above the smallest lower
+end (an equivalence test, as TOST is for a difference). It *moves* when the located optima are
+more than a step apart and the intervals of the two extreme widths do not overlap. Anything
+between is unresolved (more seeds would decide it), and so is a setting without intervals (one
+seed). A best LR on its grid's edge is a bound, not a location: the verdict is then
+inconclusive, unless the others already decide a move. `Transfer.judge(rows)` turns that into a claim's verdict (supported when every
+listed setting does what the claim expects).
 """
 
 from __future__ import annotations
@@ -52,6 +55,26 @@ def spread(by_width: dict[int, optimum.Optimum]) -> tuple[float, float, bool]:
     return max(stars) / min(stars), step, any(not o.interior for o in by_width.values())
 
 
+def outcome(by_width: dict[int, optimum.Optimum]) -> tuple[str, float, float]:
+    """('transfers' | 'moves' | 'unresolved' | 'edge', max/min of the optima, the step)."""
+    ratio, step, edge = spread(by_width)
+    tolerance = 1 + 1e-9
+    lowest = min(by_width.values(), key=lambda o: o.lr_star).lr_ci
+    highest = max(by_width.values(), key=lambda o: o.lr_star).lr_ci
+    # An edge optimum's true place lies beyond its edge, which can only widen a spread that is
+    # already more than a step with intervals apart: a move is decided even then.
+    if ratio > step * tolerance and lowest and highest and highest[0] > lowest[1]:
+        return "moves", ratio, step
+    if edge:
+        return "edge", ratio, step
+    cis = [o.lr_ci for o in by_width.values()]
+    if any(ci is None for ci in cis):  # one seed: no interval to decide with
+        return "unresolved", ratio, step
+    if max(hi for _, hi in cis) / min(lo for lo, _ in cis) <= step * tolerance:
+        return "transfers", ratio, step
+    return "unresolved", ratio, step
+
+
 @dataclasses.dataclass(frozen=True)
 class Transfer:
     """Claim: the best LR of each listed (parametrisation, policy) is (expect=True) or is not
@@ -62,9 +85,11 @@ class Transfer:
 
     def describe(self) -> str:
         who = "; ".join(f"{p} with {policy}" for p, policy in self.settings)
-        does = "stays within" if self.expect else "moves by more than"
-        return (f"supported if the located best LR of {who} {does} one grid step across the "
-                "widths (optimum.fit_optimum per width; an edge optimum is a bound)")
+        does = ("stays within one grid step across the widths, bootstrap intervals included"
+                if self.expect else "moves by more than one grid step across the widths, the "
+                "extreme widths' bootstrap intervals apart")
+        return (f"supported if the located best LR of {who} {does} (optimum.fit_optimum per "
+                "width over seeds; an edge optimum is a bound)")
 
     def judge(self, rows: list[dict]):
         found = optima(rows)
@@ -74,20 +99,20 @@ class Transfer:
             if not by_width or len(by_width) < 2:
                 outcomes.append("missing")
                 continue
-            ratio, step, edge = spread(by_width)
-            moves = ratio > step * (1 + 1e-9)
-            outcome = "moves" if moves else ("edge" if edge else "transfers")
-            outcomes.append(outcome)
-            located = ", ".join(f"{w}: {o.lr_star:.3g}{'' if o.interior else ' (edge)'}"
-                                for w, o in by_width.items())
+            result, ratio, step = outcome(by_width)
+            outcomes.append(result)
+            located = ", ".join(
+                f"{w}: {o.lr_star:.3g}" + (f" [{o.lr_ci[0]:.3g}, {o.lr_ci[1]:.3g}]" if o.lr_ci
+                                           else "") + ("" if o.interior else " (edge)")
+                for w, o in by_width.items())
             numbers.append(f"{setting[0]} {setting[1]}: best LR by width {located}; "
-                           f"max/min {ratio:.2f} against a step of {step:.2f} → {outcome}")
+                           f"max/min {ratio:.2f} against a step of {step:.2f} → {result}")
         wanted = "transfers" if self.expect else "moves"
         if all(o == wanted for o in outcomes):
             return Verdict("supported", f"every setting {wanted}", tuple(numbers))
         if any(o in ("transfers", "moves") and o != wanted for o in outcomes):
             return Verdict("contradicted", "a setting does the opposite", tuple(numbers))
-        return Verdict("inconclusive", "an optimum at a grid edge or missing runs",
-                       tuple(numbers))
+        return Verdict("inconclusive", "an optimum at a grid edge, intervals too wide to decide "
+                       "(unresolved) or missing runs", tuple(numbers))
 
 
