@@ -54,3 +54,36 @@ def snapshot(directory) -> dict[str, tuple]:
         else:
             out[key] = ("dir",)
     return out
+
+
+def copy_into_reference(model, reference) -> None:
+    """scale_ablation's parameters into benchmarks/reference_gpt2.py's PyTorch model (Linear
+    weight = kernel.T; the position table cut to the reference's rows). A layer without a bias
+    (the `fan_in` init's attention) must have none on the PyTorch side either."""
+    import numpy as np
+    import torch
+
+    def put(target, value):
+        with torch.no_grad():
+            target.copy_(torch.from_numpy(np.array(value)))
+
+    put(reference.wte.weight, model.embed.embedding[...])
+    put(reference.wpe.weight, model.position_embed.embedding[...][: reference.wpe.num_embeddings])
+    pairs = [("q", "attention.query"), ("k", "attention.key"), ("v", "attention.value"),
+             ("attn_out", "attention.out"), ("mlp_in", "mlp_in"), ("mlp_out", "mlp_out")]
+    for ours, theirs in zip(model.blocks, reference.blocks, strict=True):
+        for name, path in pairs:
+            layer = ours
+            for part in path.split("."):
+                layer = getattr(layer, part)
+            put(getattr(theirs, name).weight, np.asarray(layer.kernel[...]).T)
+            assert (getattr(theirs, name).bias is None) == (layer.bias is None), name
+            if layer.bias is not None:
+                put(getattr(theirs, name).bias, layer.bias[...])
+        for norm, ln in ((ours.attention_norm, theirs.ln_1), (ours.mlp_norm, theirs.ln_2)):
+            put(ln.weight, norm.scale[...])
+            put(ln.bias, norm.bias[...])
+            ln.eps = norm.epsilon
+    put(reference.ln_f.weight, model.final_norm.scale[...])
+    put(reference.ln_f.bias, model.final_norm.bias[...])
+    reference.ln_f.eps = model.final_norm.epsilon

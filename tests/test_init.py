@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import copy_into_reference
 
 from scale_ablation.model.lm import build_model
 from scale_ablation.training import experiment_files as experiment
@@ -102,34 +103,6 @@ def test_unknown_init_is_rejected():
         model_of(config("gpt3"), nnx.Rngs(params=0))
 
 
-def _copy_into_reference(model, reference) -> None:
-    """scale_ablation's parameters into the PyTorch model (Linear weights are kernel.T)."""
-    import torch
-
-    def put(target, value):
-        with torch.no_grad():
-            target.copy_(torch.from_numpy(np.array(value)))
-
-    put(reference.wte.weight, model.embed.embedding[...])
-    put(reference.wpe.weight, model.position_embed.embedding[...][: reference.wpe.num_embeddings])
-    pairs = [("q", "attention.query"), ("k", "attention.key"), ("v", "attention.value"),
-             ("attn_out", "attention.out"), ("mlp_in", "mlp_in"), ("mlp_out", "mlp_out")]
-    for ours, theirs in zip(model.blocks, reference.blocks, strict=True):
-        for name, path in pairs:
-            layer = ours
-            for part in path.split("."):
-                layer = getattr(layer, part)
-            put(getattr(theirs, name).weight, np.asarray(layer.kernel[...]).T)
-            put(getattr(theirs, name).bias, layer.bias[...])
-        for norm, ln in ((ours.attention_norm, theirs.ln_1), (ours.mlp_norm, theirs.ln_2)):
-            put(ln.weight, norm.scale[...])
-            put(ln.bias, norm.bias[...])
-            ln.eps = norm.epsilon
-    put(reference.ln_f.weight, model.final_norm.scale[...])
-    put(reference.ln_f.bias, model.final_norm.bias[...])
-    reference.ln_f.eps = model.final_norm.epsilon
-
-
 def test_gpt2_model_computes_the_reference_function():
     torch = pytest.importorskip("torch")
     from benchmarks import reference_gpt2
@@ -146,7 +119,7 @@ def test_gpt2_model_computes_the_reference_function():
                            seq_len=seq, no_attn_bias=False, init="gpt2", std=[])
     torch.manual_seed(0)
     reference = reference_gpt2.GPT(args)
-    _copy_into_reference(model, reference)
+    copy_into_reference(model, reference)
 
     tokens = np.random.default_rng(3).integers(0, 256, size=(3, seq))
     ours = np.asarray(model(jnp.asarray(tokens))[0])

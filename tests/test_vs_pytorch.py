@@ -19,40 +19,12 @@ from flax import nnx
 torch = pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install -e "
                                              "'.[reference]')")
 
+from helpers import copy_into_reference  # noqa: E402
+
 from benchmarks import reference_gpt2, vs_pytorch  # noqa: E402
 from benchmarks import run as bench  # noqa: E402
 from scale_ablation.model.lm import build_model  # noqa: E402
 from scale_ablation.training import run_config  # noqa: E402
-
-
-def _put(target, value) -> None:
-    with torch.no_grad():
-        target.copy_(torch.from_numpy(np.array(value)))
-
-
-def _copy_weights(model, reference) -> None:
-    """Ours into the PyTorch model (Linear weight = kernel.T; no attention biases under the
-    benchmark's fan_in init, and the PyTorch side must have none either)."""
-    _put(reference.wte.weight, model.embed.embedding[...])
-    _put(reference.wpe.weight, model.position_embed.embedding[...])
-    pairs = [("q", "attention.query"), ("k", "attention.key"), ("v", "attention.value"),
-             ("attn_out", "attention.out"), ("mlp_in", "mlp_in"), ("mlp_out", "mlp_out")]
-    for ours, theirs in zip(model.blocks, reference.blocks, strict=True):
-        for name, path in pairs:
-            layer = ours
-            for part in path.split("."):
-                layer = getattr(layer, part)
-            _put(getattr(theirs, name).weight, np.asarray(layer.kernel[...]).T)
-            assert (getattr(theirs, name).bias is None) == (layer.bias is None), name
-            if layer.bias is not None:
-                _put(getattr(theirs, name).bias, layer.bias[...])
-        for norm, ln in ((ours.attention_norm, theirs.ln_1), (ours.mlp_norm, theirs.ln_2)):
-            _put(ln.weight, norm.scale[...])
-            _put(ln.bias, norm.bias[...])
-            ln.eps = norm.epsilon
-    _put(reference.ln_f.weight, model.final_norm.scale[...])
-    _put(reference.ln_f.bias, model.final_norm.bias[...])
-    reference.ln_f.eps = model.final_norm.epsilon
 
 
 def test_the_timed_pytorch_model_computes_ours_given_our_weights():
@@ -66,7 +38,7 @@ def test_the_timed_pytorch_model_computes_ours_given_our_weights():
         x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]))
     reference, _, _ = vs_pytorch.torch_model(vs_pytorch.shape_of(config))
     assert sum(p.numel() for p in reference.parameters()) == sum(x.size for x in leaves)
-    _copy_weights(model, reference)
+    copy_into_reference(model, reference)
     tokens = np.random.default_rng(2).integers(0, 256, size=(2, config.data.seq_len + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
     ours = np.asarray(model(jnp.asarray(inputs))[0])  # (B, T, 256)
