@@ -17,16 +17,22 @@ A point with num_heads × d_k = d_model belongs to both arms and runs once. Each
 carry `model.num_heads`, so the report's variants (`none (num_heads=8)`) name the arm's cell.
 
 Variants:
-- `cpu` (the study that answers on 2 cores): d_model 128; cells 8 × 16 and 1 × 128 (fixed width) and
-  1 × 512 (fixed heads, width 4×); the article's two named alternatives, scale 1 and 1/d_k, against
-  1/√d_k; each policy's LR grid (`CPU_LRS` and `WIDER`, 4 points) × 3 seeds: 108 runs of 600 steps.
-  The first pass's grid was 1e-3…1e-2 for every policy; bests on its edges gave scale 1 the point
-  3e-4 and 1/d_k 3e-2 (99 runs: about 3 h on 2 cores, the 1 × 512 cell ~70 min of it;
-  `experiments/results/dk_sweep_cpu`), and that report's best for 1/√d_k at d_k 512 sits on 1e-3, so
-  1/√d_k gets 3e-4 too: rerunning the sweep command runs only the new points. The other policies
-  (1/log d_k, a constant, learned, QK-LayerNorm, log-length) and the init axis are left to `gpu`: on
-  2 cores three seeds at 3–4 LRs of three policies is what fits, and eight policies at one seed
-  would sit at noise level.
+- `cpu` (the study that answers on 2 cores): d_model 128, 600 steps, the article's two named
+  alternatives, scale 1 and 1/d_k, against 1/√d_k, 3 seeds, each policy over three LRs ×√10
+  apart around its best in the first pass (`CPU_LRS`: 1/√d_k 3e-3, scale 1 1e-3, 1/d_k 1e-2;
+  `WIDER` and `WIDER_QK` take the points `--refine` names). Two arms:
+  - fixed width (`cpu_fixed_width_arm`): 8 heads × d_k 16 and 1 head × d_k 128, fan_in init:
+    54 runs;
+  - q/k width (`cpu_qk_width_arm`): 2 heads of value width 64, d_k = `model.qk_dim` 16 and 256,
+    both inits: 108 runs. Heads, width and value width are held, so d_k alone moves (the
+    parameters change only in the q/k projections, 0.51M to 0.76M).
+  162 runs, 6.1e14 train FLOPs (`--plan`), about 2.5 h on 2 idle cores at the ~65 GFLOP/s the
+  headline job sustains. The first pass (99 runs, about 3 h; README's results index) had a
+  fixed-heads cell of 1 head × d_k 512 instead of the q/k arm, which moved parameters (4×
+  attention width) with d_k; and 4 heads at d_k 512 as q/k width would cost 5.8e14 alone, so
+  the arm has 2 heads and stops at 256. The other policies (1/log d_k, a constant, learned,
+  QK-LayerNorm, log-length) are left to `gpu`: three seeds at three LRs of three policies is
+  what fits on 2 cores.
 - default (one accelerator): d_model 512 with 8 heads of value width 64, d_k the q/k width
   (`model.qk_dim`) 16, 64, 256, 512: width and heads fixed, so the scale's argument changes
   alone (the q/k projections grow with d_k). 1/√d_k and the article's four alternatives, each
@@ -64,8 +70,16 @@ INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and G
 # Each policy's own LR grid, wide enough that its best is interior: the first cpu run used
 # {1e-3, 3e-3, 1e-2} for all and found scale 1's best on the low edge (d_k 128) and 1/d_k's on
 # the high edge (d_k 16), so each got one more point on that side.
-CPU_LRS = (1e-3, 3e-3, 1e-2)
-WIDER = {"inv_sqrt_dk": (3e-4,), "none": (3e-4,), "inv_dk": (3e-2,)}
+# The q/k-width arm (cpu): 4 heads of value width 32 at d_model 128, d_k = qk_dim 16, 128, 512,
+# so that the parameters change only in the q/k projections and nothing but d_k moves. Each
+# policy's three LRs are centred on its best in the first cpu pass (1/√d_k 3e-3, scale 1
+# 1e-3, 1/d_k 1e-2); WIDER_QK[(init, policy, qk_dim)] takes the points `--refine` names.
+CPU_QK_HEADS = 2
+CPU_QK_DIMS = (16, 256)
+CPU_LRS = {"inv_sqrt_dk": (1e-3, 3e-3, 1e-2), "none": (3e-4, 1e-3, 3e-3),
+           "inv_dk": (3e-3, 1e-2, 3e-2)}
+WIDER_QK: dict[tuple[str, str, int], tuple[float, ...]] = {}
+WIDER: dict[tuple[str, int], tuple[float, ...]] = {}
 # The default: the article's alternatives against 1/√d_k, d_k as the q/k width of 8 heads of a
 # d_model 512 model (the value width stays 64). Each policy's LR grid is centred on its best in
 # the cpu study (1/√d_k 3e-3 at d_k 16 and 128; scale 1 1e-3; 1/d_k 1e-2 at d_k 16 and 512), or
@@ -97,8 +111,8 @@ def get_config(arg: str | None = None):
 def cells(arg: str | None = None) -> list[tuple[int, int]]:
     """(num_heads, d_k) of every point: the fixed-width arm first, then fixed heads, each once."""
     d_model = get_config(arg).model.d_model
-    if arg == "cpu":
-        fixed_width, fixed_heads_dims = (16, 128), (128, 512)
+    if arg == "cpu":  # the fixed-heads arm is the q/k-width arm (cpu_qk_width_arm)
+        fixed_width, fixed_heads_dims = (16, 128), (128,)
     elif arg == "quick":
         fixed_width, fixed_heads_dims = (16, d_model), (HEAD_DIMS[0], HEAD_DIMS[-1])
     else:
@@ -121,16 +135,34 @@ def accelerator_sweep() -> list[dict]:
     ]
 
 
+def cpu_fixed_width_arm() -> list[dict]:
+    """num_heads × d_k = d_model 128: d_k 16 (8 heads) and 128 (1 head), each policy over its
+    own LR grid, 3 seeds, the fan_in init."""
+    return [
+        {"policy": policy, "model.num_heads": heads, "model.head_dim": d_k,
+         "train.lr": lr, "train.seed": seed}
+        for policy in CPU_POLICIES for heads, d_k in cells("cpu")
+        for lr in base.lr_grid_for((policy, d_k), CPU_LRS[policy], WIDER) for seed in (0, 1, 2)
+    ]
+
+
+def cpu_qk_width_arm() -> list[dict]:
+    """d_k alone: the q/k width of 4 heads of value width 32 at d_model 128, both inits, each
+    policy over three LRs around its located best (CPU_QK_LRS), 3 seeds."""
+    return [
+        {"policy": policy, "model.num_heads": CPU_QK_HEADS, "model.head_dim": 128 // CPU_QK_HEADS,
+         "model.qk_dim": qk_dim, "model.init": init, "train.lr": lr, "train.seed": seed}
+        for init in INITS for policy in CPU_POLICIES for qk_dim in CPU_QK_DIMS
+        for lr in base.lr_grid_for((init, policy, qk_dim), CPU_LRS[policy], WIDER_QK)
+        for seed in (0, 1, 2)
+    ]
+
+
 def sweep(arg: str | None = None) -> list[dict]:
     if arg is None:
         return accelerator_sweep()
     if arg == "cpu":
-        return [
-            {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
-             "train.lr": lr, "train.seed": seed}
-            for policy in CPU_POLICIES for heads, head_dim in cells(arg)
-            for lr in base.lr_grid_for(policy, CPU_LRS, WIDER) for seed in (0, 1, 2)
-        ]
+        return cpu_fixed_width_arm() + cpu_qk_width_arm()
     seeds = (0,) if arg == "quick" else (0, 1, 2)
     return [
         {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,

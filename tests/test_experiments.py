@@ -119,7 +119,7 @@ def dk_sweep_points(variant: str | None) -> list[ml_collections.ConfigDict]:
             for overrides in experiment.load_grid(spec)]
 
 
-@pytest.mark.parametrize("variant", ["quick", "cpu"])  # the default: d_k by q/k width, below
+@pytest.mark.parametrize("variant", ["quick"])  # cpu and the default: d_k by q/k width, below
 def test_dk_sweep_has_a_fixed_width_and_a_fixed_heads_arm(variant):
     configs = dk_sweep_points(variant)
     d_model = {c.model.d_model for c in configs}
@@ -158,21 +158,41 @@ def test_quick_and_default_dk_sweeps_cover_every_policy_and_both_inits():
     assert {c.model.qk_dim for c in default} == {16, 64, 256, 512}
 
 
-def test_fixed_width_holds_the_parameter_count_and_fixed_heads_grows_it():
-    """Counted from built models: the fixed-width arm's cells have equal parameter counts (the
-    point of the control), and the fixed-heads arm's grow with d_k."""
+def test_cpu_dk_sweep_has_a_fixed_width_arm_and_a_qk_width_arm():
+    """cpu: num_heads × d_k = d_model cells (fan_in), and d_k as the q/k width of one fixed
+    (heads, value width) cell under both inits; every policy at every cell equally often."""
     configs = dk_sweep_points("cpu")
+    d_model = {c.model.d_model for c in configs}.pop()
+    fixed_width = [c for c in configs if not c.model.qk_dim]
+    qk_arm = [c for c in configs if c.model.qk_dim]
+    assert {c.model.num_heads * c.model.head_dim for c in fixed_width} == {d_model}
+    assert len({c.model.head_dim for c in fixed_width}) >= 2
+    assert {c.model.init for c in fixed_width} == {"fan_in"}
+    assert len({(c.model.num_heads, c.model.head_dim) for c in qk_arm}) == 1
+    assert len({c.model.qk_dim for c in qk_arm}) >= 2 and {c.model.init for c in qk_arm} == {
+        "fan_in", "gpt2"}
+    cells = [(c.model.head_dim, c.model.qk_dim, c.model.init) for c in configs]
+    for policy in {c.policy for c in configs}:
+        mine = [cell for c, cell in zip(configs, cells, strict=True) if c.policy == policy]
+        assert {mine.count(cell) for cell in set(cells)} == {len(mine) // len(set(cells))}
+
+
+def test_fixed_width_holds_the_parameter_count_and_qk_width_moves_only_the_qk_projections():
+    """Counted from built models: the fixed-width arm's cells have equal parameter counts (the
+    point of the control); the q/k arm's differ by exactly the q and k projections' growth,
+    layers × 2 × d_model × heads × Δqk_dim (weights and biases counted another way)."""
     counts = {}
-    for c in configs:
-        cell = (c.model.num_heads, c.model.head_dim)
+    for c in dk_sweep_points("cpu"):
+        cell = (c.model.init, c.model.num_heads, c.model.head_dim, c.model.qk_dim)
         if cell not in counts:
             model = build_model(validate(c), nnx.Rngs(0))
             counts[cell] = provenance.parameter_counts(nnx.state(model, nnx.Param))["parameters"]
-    d_model = configs[0].model.d_model
-    width = [n for (h, d), n in sorted(counts.items(), key=lambda kv: kv[0][1]) if h * d == d_model]
-    heads = [n for (h, d), n in sorted(counts.items(), key=lambda kv: kv[0][1]) if h == 1]
-    assert len(width) >= 2 and len(set(width)) == 1, counts
-    assert len(heads) >= 2 and heads == sorted(heads) and heads[0] < heads[-1], counts
+            d_model, layers = c.model.d_model, c.model.num_layers
+    assert len({n for (_, _, _, qk), n in counts.items() if not qk}) == 1, counts
+    for init, bias in (("fan_in", 0), ("gpt2", 1)):  # gpt2's projections carry biases
+        (_, heads, value, small), (*_, large) = sorted(k for k in counts if k[3] and k[0] == init)
+        growth = counts[(init, heads, value, large)] - counts[(init, heads, value, small)]
+        assert growth == layers * 2 * heads * (d_model + bias) * (large - small), counts
 
 
 @pytest.mark.parametrize(
