@@ -74,6 +74,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model.qk_product_dtype = ""  # "" | float32 | activation
     model.softmax_dtype = ""  # "" | float32 | activation
     model.qk_dim = 0  # q/k width per head, the d_k policies see; 0 = head_dim (the v width)
+    # The residual stream's dtype: "" = train.dtype; "float32" keeps the stream, norms and
+    # additions in float32 with the blocks' matmuls in train.dtype (mixed precision as practised).
+    model.residual_dtype = ""
     model.attention_dropout = 0.0
     model.attention_impl = "reference"  # reference | fused (jax.nn.dot_product_attention) | blocked | auto
     # μP (README, "μP"): sp | mup, relative to a base width (0: the model's own).
@@ -110,6 +113,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     train.z_loss = 0.0
     train.seed = 0
     train.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16 (params stay float32)
+    # Loss scaling for float16 (training/loss_scaling.py): 0 = none; S > 0 = static S; with a
+    # period N > 0 dynamic from S (0: 2**15), x2 after N finite steps, /2 and skip on overflow.
+    train.loss_scale = 0.0
+    train.loss_scale_period = 0
     train.log_every = 50
     # Train steps per dispatched program (a power of two; 1 = one program per step). On an
     # accelerator whose host takes longer to launch a step than the device to run it, 8 or 16

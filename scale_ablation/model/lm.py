@@ -4,6 +4,13 @@ Under `model.parametrization=mup` the token embedding's std and the readout's mu
 μP's width rules (`scale_ablation.model.parametrization`); under `sp` neither is touched.
 `LanguageModel.coordinates` gives the mean |activation| of each family a coordinate check
 follows (`scale_ablation.training.coord`).
+
+The residual stream's dtype (`ModelConfig.stream_dtype`) is the compute dtype unless
+`model.residual_dtype = "float32"`: then, as mixed precision is usually practised (PyTorch's
+autocast; Flax's `dtype` of a module as its computation's), the embedding lookup, the stream,
+every norm and every residual addition stay float32, and each sublayer's input is cast to the
+compute dtype at the block boundary, where its matmuls run; its output is cast back before it
+is added. The readout's matmul runs in the compute dtype either way.
 """
 
 from __future__ import annotations
@@ -49,12 +56,13 @@ class Block(nnx.Module):
 
     def __init__(self, model: ModelConfig, policy: ScalePolicy, *, rngs: nnx.Rngs,
                  layer: int = 0):
-        d_model, dtype = model.d_model, model.compute_dtype
+        d_model, dtype, stream = model.d_model, model.compute_dtype, model.stream_dtype
         self.post_norm = model.norm_position == "post"
-        self.attention_norm = make_norm(model.norm, d_model, dtype, rngs)
+        self.compute_dtype = dtype  # each sublayer's input is cast to it (the module docstring)
+        self.attention_norm = make_norm(model.norm, d_model, stream, rngs)
         # The layer's index: a policy's number may depend on it (`inv_layer`).
         self.attention = SelfAttention(model, policy, rngs=rngs, layer=layer)
-        self.mlp_norm = make_norm(model.norm, d_model, dtype, rngs)
+        self.mlp_norm = make_norm(model.norm, d_model, stream, rngs)
         hidden = model.mlp_ratio * d_model
         self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=kernel_init(model.init),
                                  dtype=dtype, rngs=rngs)
@@ -77,19 +85,26 @@ class Block(nnx.Module):
             if coords is not None:
                 coords[name].append(mean_abs(value))
 
+        # The block boundary: sublayers compute in the compute dtype, the stream keeps its own
+        # (both casts are no-ops when the two are one dtype).
+        def attention(h):
+            out, stats = self.attention(h.astype(self.compute_dtype), dropout_key=dropout_key,
+                                        with_diagnostics=with_diagnostics,
+                                        sow_max_logit=sow_max_logit)
+            return out.astype(h.dtype), stats
+
+        def mlp(h):
+            return self.mlp(h.astype(self.compute_dtype)).astype(h.dtype)
+
         if self.post_norm:
-            attended, stats = self.attention(x, dropout_key=dropout_key,
-                                             with_diagnostics=with_diagnostics,
-                                             sow_max_logit=sow_max_logit)
+            attended, stats = attention(x)
             x = self.attention_norm(x + attended)
-            mlp_out = self.mlp(x)
+            mlp_out = mlp(x)
             record("attn_output", attended), record("mlp_output", mlp_out)
             return self.mlp_norm(x + mlp_out), stats
-        attended, stats = self.attention(self.attention_norm(x), dropout_key=dropout_key,
-                                         with_diagnostics=with_diagnostics,
-                                         sow_max_logit=sow_max_logit)
+        attended, stats = attention(self.attention_norm(x))
         x = x + attended
-        mlp_out = self.mlp(self.mlp_norm(x))
+        mlp_out = mlp(self.mlp_norm(x))
         record("attn_output", attended), record("mlp_output", mlp_out)
         return x + mlp_out, stats
 
@@ -98,7 +113,8 @@ class LanguageModel(nnx.Module):
     """Byte embedding, learned or rotary positions, N blocks, final norm, tied output."""
 
     def __init__(self, model: ModelConfig, *, rngs: nnx.Rngs):
-        d_model, dtype = model.d_model, model.compute_dtype
+        d_model, dtype = model.d_model, model.stream_dtype  # the stream starts in its dtype
+        self.compute_dtype = model.compute_dtype  # the readout's matmul
         self.embed = nnx.Embed(model.vocab_size, d_model, dtype=dtype, rngs=rngs,
                                **embedding_init(model))
         self.position_embed = (
@@ -170,11 +186,14 @@ class LanguageModel(nnx.Module):
     def readout_logits(self, x: jax.Array) -> jax.Array:
         """x [B, T, C] -> logits [B, T, vocab] float32: the tied embedding (or the untied
         zero-initialised readout), its input times μP's 1/m_d (mup's MuReadout.forward)."""
+        x = x.astype(self.compute_dtype)  # a float32 stream meets the readout's matmul dtype
         if self.readout_multiplier != 1.0:
             x = x * self.readout_multiplier
         if self.readout is not None:
             return jnp.dot(x, self.readout[...].astype(x.dtype)).astype(jnp.float32)
-        return self.embed.attend(x).astype(jnp.float32)  # (B, T, vocab)
+        # nnx.Embed.attend's product, in the compute dtype whatever the lookup's dtype.
+        embedding = self.embed.embedding[...].astype(x.dtype)  # (vocab, C)
+        return jnp.dot(x, embedding.T).astype(jnp.float32)  # (B, T, vocab)
 
 
 def build_model(model: ModelConfig, rngs: nnx.Rngs) -> LanguageModel:

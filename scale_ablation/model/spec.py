@@ -52,6 +52,9 @@ class ModelConfig:
     softmax_dtype: str = ""
     attention_impl: str = "reference"
     dtype: str = "float32"
+    # The residual stream's dtype: "" = the compute dtype (`dtype`); "float32" keeps the stream,
+    # the norms and the additions in float32 while the blocks' matmuls run in `dtype` (lm.py).
+    residual_dtype: str = ""
     vocab_size: int = 256
     # μP (model/parametrization.py): sp | mup, the base shape it is relative to (0: the model's
     # own) and the readout's zero-initialised, untied option.
@@ -73,6 +76,7 @@ class ModelConfig:
                               f"else model.head_dim), got {self.qk_width}")
         choice("train.dtype", self.dtype, tuple(DTYPES))
         choice("model.logits_dtype", self.logits_dtype, ("float32", "activation"))
+        choice("model.residual_dtype", self.residual_dtype, ("", "float32"))
         for field in ("qk_product_dtype", "softmax_dtype"):
             choice(f"model.{field}", getattr(self, field), ("", "float32", "activation"))
         choice("model.norm", self.norm, ("layernorm", "rmsnorm"))
@@ -103,6 +107,11 @@ class ModelConfig:
     @property
     def compute_dtype(self) -> Any:
         return DTYPES[self.dtype]
+
+    @property
+    def stream_dtype(self) -> Any:
+        """The residual stream's dtype: `residual_dtype`, or the compute dtype when it is ""."""
+        return DTYPES[self.residual_dtype] if self.residual_dtype else self.compute_dtype
 
     @property
     def attention_logits_dtype(self) -> Any:

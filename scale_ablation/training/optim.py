@@ -11,6 +11,9 @@ base fan_in / fan_in (`scale_ablation.model.base_shapes`), before the weight dec
 package's `MuAdamW` divides such a group's lr by the width multiplier and multiplies its
 weight_decay by it, which leaves the decoupled decay lr·wd·p as it was. Under `sp` there is no
 such step at all: the optimiser (and its state) is the one it always was.
+
+Under a dynamic loss scale (`training.loss_scaling`) the whole chain sits inside the scale's
+state, which skips a step with non-finite gradients; static or no scaling changes nothing here.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import optax
 from scale_ablation.model import base_shapes
 from scale_ablation.model.spec import ModelConfig
 from scale_ablation.training import run_config
+from scale_ablation.training.loss_scaling import NONE as NO_LOSS_SCALING
+from scale_ablation.training.loss_scaling import LossScaling, dynamic_loss_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,8 @@ class OptimizerSettings:
     scale_lr_multiplier: float = 1.0  # LR of the scale policy's parameters / everyone else's
     # μP: (keystr path, Adam-step multiplier) of each parameter whose multiplier is not 1.
     param_lr_multipliers: tuple[tuple[str, float], ...] = ()
+    # train.loss_scale, train.loss_scale_period: a dynamic scale's state wraps the optimiser's.
+    loss_scaling: LossScaling = NO_LOSS_SCALING
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict,
@@ -53,7 +60,7 @@ class OptimizerSettings:
             model = run_config.model_config(config) if model is None else model
             multipliers = base_shapes.lr_multipliers(model)
         return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay),
-                   float(t.get("scale_lr_multiplier", 1.0)), multipliers)
+                   float(t.get("scale_lr_multiplier", 1.0)), multipliers, LossScaling.of(t))
 
 
 # The NNX attribute that holds a layer's scale-policy parameters (attention.SelfAttention).
@@ -128,4 +135,6 @@ def make_optimizer(
         parts.insert(1, scale_by_path(settings.param_lr_multipliers))
     if settings.grad_clip > 0:
         parts.insert(0, optax.clip_by_global_norm(settings.grad_clip))
+    if settings.loss_scaling.dynamic:  # outermost: a skipped step leaves every part's state
+        return dynamic_loss_scale(optax.chain(*parts), settings.loss_scaling)
     return optax.chain(*parts)

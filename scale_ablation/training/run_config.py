@@ -23,7 +23,7 @@ from scale_ablation.training import schema
 
 # Fields that define what is trained on what: a resumed or skipped run must not change them.
 IDENTITY_FIELDS = ("policy", "layer_policies", "model", "data", "train.seed", "train.batch_size",
-                   "train.dtype")
+                   "train.dtype", "train.loss_scale", "train.loss_scale_period")
 # Fields that define the learning-rate schedule and the run's length: a resumed or finished run
 # keeps them unless the user asks to extend it (`--extend`), or the schedule changes mid-run.
 SCHEDULE_FIELDS = ("train.steps", "train.warmup_steps", "train.lr")
@@ -33,6 +33,8 @@ NOT_IDENTITY_FIELDS = ("data.test_bytes",)
 # A model field that a stored config predates means its default (what the run was built with).
 MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)
                   if f.default is not dataclasses.MISSING}
+# Likewise for train fields: a run made before loss scaling existed had none.
+TRAIN_DEFAULTS = {"train.loss_scale": 0.0, "train.loss_scale_period": 0}
 
 
 def model_config(config: ml_collections.ConfigDict) -> ModelConfig:
@@ -104,7 +106,7 @@ def changed_identity_fields(old: dict, new: dict,
     old_flat, new_flat = _flatten(old), _flatten(new)
     keys = sorted(set(old_flat) | set(new_flat))
     default = lambda key: (MODEL_DEFAULTS.get(key.removeprefix("model."))  # noqa: E731
-                           if key.startswith("model.") else None)
+                           if key.startswith("model.") else TRAIN_DEFAULTS.get(key))
     return [
         key for key in keys
         if any(key == f or key.startswith(f + ".") for f in fields)

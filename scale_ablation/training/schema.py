@@ -114,6 +114,8 @@ FIELDS: tuple[Field, ...] = (
     _f("model.softmax_dtype", "str", "dtype of the softmax input (\"\": logits_dtype)",
        choices=("", "float32", "activation")),
     _f("model.qk_dim", "int", "q/k width per head, the policies' d_k (0: model.head_dim)", low=0),
+    _f("model.residual_dtype", "str", "dtype of the residual stream, norms and additions "
+       "(\"\": train.dtype); the blocks' matmuls stay in train.dtype", choices=("", "float32")),
     _f("model.attention_dropout", "float", "dropout on the attention weights", low=0, high=1,
        high_open=True),
     _f("model.attention_impl", "str", "attention kernel",
@@ -160,6 +162,10 @@ FIELDS: tuple[Field, ...] = (
     _f("train.scale_lr_multiplier", "float", "scale policy parameters' LR in units of train.lr",
        low=0, low_open=True),
     _f("train.z_loss", "float", "weight of the log-partition-squared loss", low=0),
+    _f("train.loss_scale", "float", "the loss's multiplier for float16 gradients: static, or "
+       "a dynamic scale's start (0: none; dynamic: 2**15)", low=0),
+    _f("train.loss_scale_period", "int", "dynamic loss scale: doubled after this many finite "
+       "steps, halved and the step skipped on a non-finite gradient (0: static)", low=0),
     _f("train.seed", "int", "parameter and data seed", low=0, high=2**31 - 1),
     _f("train.dtype", "str", "compute dtype (parameters stay float32)", choices=tuple(DTYPES)),
     _f("train.log_every", "int", "steps between logged train rows", low=1, high="train.steps"),

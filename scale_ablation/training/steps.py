@@ -22,12 +22,15 @@ import optax
 from flax import nnx
 
 from scale_ablation.model import diagnostics, qk_clip
+from scale_ablation.training import loss_scaling
+from scale_ablation.training.loss_scaling import LossScaling
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
 TrainState = dict[str, Any]  # {"params", "rest", "opt_state", "step", "lr"}
-# What a train step measures, in the order the loop's programs return it (`seeded`).
+# What a train step measures, in the order the loop's programs return it (`seeded`);
+# `train/loss_scale`: the scale the step's loss was multiplied by (1 without loss scaling).
 TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/update_norm", "train/param_norm",
-                 "train/finite")
+                 "train/finite", "train/loss_scale")
 
 
 def token_nll(logits, targets):
@@ -64,24 +67,38 @@ def make_loss(graphdef, z_loss: float, *, with_rest: bool = False) -> Callable:
     return loss_fn
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
+def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float,
+                    scaling: LossScaling = loss_scaling.NONE):
     """(state, batch, dropout_key) -> (state, metrics), pure. A non-finite loss or gradient
     leaves the state untouched, so a diverged run (or ensemble member) keeps its last good
-    parameters and its neighbours in a vmapped ensemble are unaffected."""
+    parameters and its neighbours in a vmapped ensemble are unaffected.
+
+    scaling: the loss scaling (`training.loss_scaling`; `tx` from `make_optimizer` of the same
+    settings). Under a dynamic scale a non-finite gradient above its minimum is an overflow,
+    not a divergence: the step is skipped (`tx` leaves the parameters and its state as they
+    were), the counter moves on and the run stays healthy."""
     def train_step(state: TrainState, batch: dict, dropout_key):
         clips = qk_clip.applies(graphdef, state["params"], state["rest"])  # trace-time
-        loss_fn = make_loss(graphdef, z_loss, with_rest=clips)
+        scale = loss_scaling.current_scale(scaling, state["opt_state"])
+        loss_fn = loss_scaling.scaled(make_loss(graphdef, z_loss, with_rest=clips), scaling,
+                                      scale)
         (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state["params"], state, batch, dropout_key)
+        grads = loss_scaling.unscale(scaling, grads, scale)
         loss, maxima = aux if clips else (aux, None)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         updates = jax.tree.map(lambda u: u * state["lr"], updates)
         params = optax.apply_updates(state["params"], updates)
         rest = state["rest"]
-        if clips:  # MuonClip: W_Q, W_K of heads whose largest logit exceeded T, after the update
-            params, rest = qk_clip.after_step(graphdef, params, rest, maxima)
         grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        if clips:  # MuonClip: W_Q, W_K of heads whose largest logit exceeded T, after the update
+            clipped = qk_clip.after_step(graphdef, params, rest, maxima)
+            # A skipped step (dynamic loss scale) has no update to clip after.
+            params, rest = clipped if not scaling.dynamic else jax.tree.map(
+                lambda new, old: jnp.where(jnp.isfinite(grad_norm), new, old), clipped,
+                (params, rest))
+        finite = jnp.isfinite(loss) & (jnp.isfinite(grad_norm)
+                                       | loss_scaling.may_skip(scaling, scale))
         new_state = {**state, "params": params, "rest": rest, "opt_state": opt_state,
                      "step": state["step"] + 1}
         new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
@@ -91,6 +108,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, z_loss: float):
             "train/update_norm": optax.tree.norm(updates),
             "train/param_norm": optax.tree.norm(params),
             "train/finite": finite,
+            "train/loss_scale": scale,
         }
         return new_state, metrics
 
@@ -237,7 +255,8 @@ def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Progr
     """The shared programs for a model structure and optimiser, built on first use."""
     key = (graphdef, settings, z_loss)
     if key not in _PROGRAMS:
-        step = seeded(make_train_step(graphdef, make_optimizer(settings), z_loss))
+        step = seeded(make_train_step(graphdef, make_optimizer(settings), z_loss,
+                                      settings.loss_scaling))
         members = over_members(step, jax.default_backend())
         jit = functools.partial(jax.jit, compiler_options=compiler_options())
         _PROGRAMS[key] = Programs(
