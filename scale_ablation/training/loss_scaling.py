@@ -3,8 +3,9 @@
 float16's smallest normal number is 6.1e-5: small gradients flowing back through float16
 activations underflow to zero. Multiplying the loss by a scale S multiplies every cotangent by
 S, lifting them into range; the parameters' gradients (float32, as the parameters are) are then
-divided by S before the optimiser sees them. With S a power of two both multiplications are
-exact, so in float32 the update is the unscaled one bit for bit (tests/test_loss_scaling.py).
+divided by S before the optimiser sees them. The two cancel: in float32 the update is the
+unscaled one to round-off (tests/test_loss_scaling.py; not bit for bit even for S = 2^k, since
+XLA compiles the two programs' fusions apart).
 
 `train.loss_scale` = 0: none (the train step is the one it always was); S > 0 with
 `train.loss_scale_period` = 0: static S. With a period N > 0 the scale is dynamic, starting
