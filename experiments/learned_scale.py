@@ -50,7 +50,7 @@ Variants:
   multiplier 2 (the lowest LR, 2.5e-3, then allows 2.5e-3 · 2 · 2750 = 13.8 of log-scale
   movement, ln √256 = 2.8 needed).
 - `quick` (smoke): the quick model, d_k 8, 16, 32, the two learned starts × 2 LRs, one seed, 60
-  steps: 12 runs in 6 programs, ~2.5 min on 2 loaded cores, most of it compiling.
+  steps: 12 runs in 6 programs, 3.5 min on 2 cores loaded by other work, most of it compiling.
 
 Budget (default): 3.20 device-hours on one H200, 135 runs, 4.06e18 train FLOPs
 (`python -m scale_ablation.sweep --config=experiments/learned_scale.py --workdir=DIR --plan
