@@ -4,11 +4,27 @@ r"""Pitfall 3: logits in low precision. Does the unscaled run overflow, and do f
   python -m scale_ablation.sweep --config=experiments/precision.py:quick --workdir=runs/precision_quick
 
 Compute dtype float16 / bfloat16 (and float32 on an accelerator) × logits kept in float32 or in
-the activation dtype (`model.logits_dtype`) × `none` vs `inv_sqrt_dk`. float16 overflows above
-65504 (the report's max-logit plots draw that line when the sweep has float16 runs); bfloat16
-has float32's range but 8 bits of mantissa. float32 compute with "activation" logits is the same
-as float32 logits, so it is left out. float16 runs use no loss scaling: that is part of what is
-measured.
+the activation dtype (`model.logits_dtype`) × `none` vs `inv_sqrt_dk`, and float16 run three
+ways. float16 overflows above 65504 (the report's max-logit plots draw that line when the sweep
+has float16 runs); bfloat16 has float32's range but 8 bits of mantissa. float32 compute with
+"activation" logits is the same as float32 logits, so it is left out.
+
+How float16 is run. The second cpu study (below) found float16 runs with float32 logits diverge
+as often as with float16 ones, every one of them by the residual stream's `x + attended` passing
+65504: all-float16 training tests the stream as much as the logits. Mixed precision as it is
+practised (Micikevicius et al. 2018; PyTorch's autocast) keeps the stream in float32 and scales
+the loss, so the study has three float16 recipes (`PLAIN`, `MIXED`, `STREAM_ONLY`):
+- as before: everything in float16, no loss scaling;
+- as practised: the residual stream, its norms and additions in float32
+  (`model.residual_dtype = "float32"`), every matmul in float16, and a dynamic loss scale
+  (`train.loss_scale_period`; from 2^15, halved with the step skipped on a non-finite gradient,
+  doubled after 200 finite steps, where jmp and PyTorch double after 2000 in runs of ~10^5
+  steps: at that pace a 600-step run could never grow back). The attention logits, when kept
+  in float16, are then the only float16 path whose values can grow with the scale: the article's
+  claim is tested with the stream's overflow taken out;
+- the float32 stream without the loss scale, 1/√d_k and float32 logits only: against the
+  recipe as practised it says what the loss scale adds.
+The accelerator runs float16 only as practised; float32 is its control.
 
 One attention path for both arms. The fused path (`jax.nn.dot_product_attention`, cuDNN on a
 GPU) computes q·k and the softmax at a precision the kernel picks (float32 accumulation inside
@@ -21,34 +37,41 @@ differ in kernel as well as in logits dtype. Every variant here pins `attention_
 Learning rates where the logits grow. The LRs were chosen from the first LR-sensitivity report
 (`lr_sensitivity.py:quick`, seed 0, 100 steps: max |logit| of `inv_sqrt_dk` and `none` 16 and
 109 at LR 4.6e-3, 88 and 534 at 0.018, 1.5·10^3 and 7.8·10^3 at 0.068); its cpu study, which
-replaced it, has 38 and 566, 557 and 5.1·10^3, 1.7·10^4 and 1.3·10^5 at the same LRs. The arms
-run at 4.64e-3 (near the best LR: the runs must learn), 1.78e-2 and 6.81e-2, and the claims
-compare them at each LR >= 0.015 (`PRECISION_MIN_LR`), paired by seed, policy and LR. 0.261 is
-left out: single cpu runs of `none` in float16 diverged there after ~40 steps with either logits
-dtype.
+replaced it, has 38 and 566, 557 and 5.1·10^3, 1.7·10^4 and 1.3·10^5 at the same LRs. The cpu
+arms run at 1.78e-2 and 6.81e-2, and the claims compare them at each LR >= 0.015
+(`PRECISION_MIN_LR`), paired by seed, policy and LR. The earlier studies' third LR, 4.64e-3,
+entered no claim (every float16 run finished there, at float32's loss) and is left out to pay for
+the new recipes. 0.261 is left out: single cpu runs of `none` in float16 diverged there after ~40
+steps with either logits dtype.
 
 What overflows. The first cpu study (72 runs at `52c945e`) had every float16 run at LR >= 1.78e-2
 diverge, with float16 and float32 logits alike, and the logits below 65504: it was the MLP's
 tanh-GELU, whose derivative overflows float16 for |z| >= 148 (NaN gradients, finite loss). Since
-`4471490` the GELU runs in float32, and the published report is the rerun. What still overflows
+`4471490` the GELU runs in float32; the second study (72 runs at `3864970`) then found the
+residual stream overflowing instead, which is why the recipes above exist. What still overflows
 is named, run by run, by `python -m scale_ablation.nonfinite runs/precision_cpu` (the README's
-Results quote it).
+Results quote it; it replays the unscaled loss, so a loss-scaled run's replay shows the
+overflow of a scale-1 step).
 
 Variants:
-- `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps); float16 and bfloat16 × two
-  logits dtypes × two policies × three LRs × 3 seeds = 72 runs. On this CPU XLA's float16 and
-  bfloat16 steps run at 80–90% of float32's speed once compiled (100 steps of `none` at LR 0.07,
-  logits in the activation dtype, on 2 loaded cores: 2,370, 2,180 and 2,670 tokens/s for
-  float16, bfloat16 and float32), so a run costs ~50–55 s alone, and the float16 runs that
-  diverge stop early: about an hour. The float32-compute arm (everything in float32, the control
-  of both low-precision dtypes) is left to the accelerator.
+- `cpu` (2 cores): the base CPU model (4 heads × d_k 32, 600 steps), LRs 1.78e-2 and 6.81e-2,
+  3 seeds: float16 as before and as practised, and bfloat16, each × two logits dtypes × two
+  policies (72 runs), and the float32 stream without loss scaling (6 runs): 78 runs, at most
+  46,800 run-steps. The plain float16 runs mostly stop early (in the second study 17 of these
+  24 diverged, those at 6.81e-2 within 87–128 steps): ~39,000 run-steps. At lr_sensitivity:cpu's
+  11.8 run-steps/s on 2 idle cores (float32, evaluations and diagnostics included), float16 and
+  bfloat16 at 85% of it and the float32 stream 14% slower again (267 against 235 ms a step,
+  measured side by side on 2 loaded cores): ~70 min, plus the 128 KiB test split (~22
+  run-steps a run; standard error ~0.007 bits per byte, below the noise floor) and seven
+  compilations: ~75 min. The second study ran at 7.1 run-steps/s (~35,800 in 84 min of running):
+  at that rate, ~97 min. (`--plan`, without a cpu throughput table, says 2.58 device-hours
+  for 2.65e14 train FLOPs at 40% of the matmul rate it measured on the loaded machine.)
 - default (one accelerator): the gpu model with d_k 256 and 1024 as the q/k width of 8 heads,
-  float32 and the two bfloat16 arms (no float16: without loss scaling, which the codebase does
-  not have, float16 training is not what is practised), LRs 1e-3, 6.49e-3, 4.87e-2 and 0.133,
-  3 seeds, 3000 steps.
-- `quick` (smoke): d_k 256 on the quick model, LRs 4.64e-3 and 6.81e-2, one seed.
+  float32, the two bfloat16 arms and float16 as practised with both logits dtypes, LRs 1e-3,
+  6.49e-3, 4.87e-2 and 0.133, 3 seeds, 3000 steps: 240 runs.
+- `quick` (smoke): d_k 256 on the quick model, every cpu cell, LRs 4.64e-3 and 6.81e-2, one seed.
 
-Budget (default): 3.91 device-hours on one H200, 144 runs, 5.54e18 train FLOPs
+Budget (default): 7.92 device-hours on one H200, 240 runs, 9.23e18 train FLOPs
 (`python -m scale_ablation.sweep --config=experiments/precision.py --workdir=DIR --plan
 --device=H200`; FLOPs at the planner's assumed 40% MFU until a measured throughput table
 exists, compilation not counted; tests/test_planner.py holds it to 25%).
@@ -57,13 +80,24 @@ exists, compilation not counted; tests/test_planner.py holds it to 25%).
 from experiments import base
 from scale_ablation.analysis import claims as claims_lib
 
-ARMS = (("float16", "float32"), ("float16", "activation"),
-        ("bfloat16", "float32"), ("bfloat16", "activation"))
-# float16 needs loss scaling to train as it is practised, and the codebase has none: the
-# default keeps float32 and the two bfloat16 arms.
-GPU_ARMS = (("float32", "float32"), ("bfloat16", "float32"), ("bfloat16", "activation"))
 POLICIES = ("none", "inv_sqrt_dk")
-LRS = {"quick": (4.64e-3, 6.81e-2), "cpu": (4.64e-3, 1.78e-2, 6.81e-2),
+LOSS_SCALE_PERIOD = 200  # a dynamic scale doubles after this many finite steps (docstring)
+# How the compute dtype is run (each a set of overrides): as before (the stream in the compute
+# dtype, no loss scale), float16's mixed precision as practised (float32 stream, dynamic loss
+# scale from 2^15), and the float32 stream without the loss scale.
+PLAIN = {"model.residual_dtype": "", "train.loss_scale_period": 0}
+MIXED = {"model.residual_dtype": "float32", "train.loss_scale_period": LOSS_SCALE_PERIOD}
+STREAM_ONLY = {"model.residual_dtype": "float32", "train.loss_scale_period": 0}
+BOTH_LOGITS = ("float32", "activation")
+# (compute dtype, recipe, logits dtypes, scale policies): the cells each LR and seed runs in.
+# The float32 stream without loss scaling is the healthy 1/√d_k only: what loss scaling adds.
+CPU_CELLS = (("float16", PLAIN, BOTH_LOGITS, POLICIES), ("float16", MIXED, BOTH_LOGITS, POLICIES),
+             ("float16", STREAM_ONLY, ("float32",), ("inv_sqrt_dk",)),
+             ("bfloat16", PLAIN, BOTH_LOGITS, POLICIES))
+# The accelerator runs float16 only as it is practised; float32 is the control.
+GPU_CELLS = (("float32", PLAIN, ("float32",), POLICIES), ("bfloat16", PLAIN, BOTH_LOGITS, POLICIES),
+             ("float16", MIXED, BOTH_LOGITS, POLICIES))
+LRS = {"quick": (4.64e-3, 6.81e-2), "cpu": (1.78e-2, 6.81e-2),
        None: (1e-3, 6.49e-3, 4.87e-2, 0.133)}  # 1e-3: below scale 1's cpu best, as a floor
 PRECISION_MIN_LR = 0.015  # "large learning rates": max |logit| past ~10^2
 
@@ -76,56 +110,71 @@ def get_config(arg: str | None = None):
     config.train.diag_every = {"quick": 20, "cpu": 25}.get(arg, 100)  # logit growth over time
     if arg is None:
         config.train.steps = 3000  # the budget (docstring): 0.18 passes over WikiText-103
+    if arg == "cpu":
+        config.data.test_bytes = 128 * 1024  # the docstring's budget (as lr_sensitivity:cpu)
     return config
 
 
 def sweep(arg: str | None = None) -> list[dict]:
     if arg is None:  # d_k as the q/k width of 8 heads at d_model 512
-        return [{"train.dtype": dtype, "model.logits_dtype": logits_dtype, "policy": policy,
-                 "model.qk_dim": qk_dim, "train.lr": lr, "train.seed": seed}
-                for dtype, logits_dtype in GPU_ARMS for policy in POLICIES
-                for qk_dim in (256, 1024) for lr in LRS[arg] for seed in base.ACCELERATOR_SEEDS]
-    head_dims = {"quick": (256,), "cpu": (32,)}[arg]
-    seeds = (0,) if arg == "quick" else (0, 1, 2)
-    return [{"train.dtype": dtype, "model.logits_dtype": logits_dtype, "policy": policy,
-             "model.head_dim": head_dim, "train.lr": lr, "train.seed": seed}
-            for dtype, logits_dtype in ARMS
-            for policy in POLICIES for head_dim in head_dims
+        shapes, seeds = [{"model.qk_dim": d_k} for d_k in (256, 1024)], base.ACCELERATOR_SEEDS
+    else:
+        shapes = [{"model.head_dim": {"quick": 256, "cpu": 32}[arg]}]
+        seeds = (0,) if arg == "quick" else (0, 1, 2)
+    return [{"train.dtype": dtype, "model.logits_dtype": logits_dtype, **recipe,
+             "policy": policy, **shape, "train.lr": lr, "train.seed": seed}
+            for dtype, recipe, logits, policies in (GPU_CELLS if arg is None else CPU_CELLS)
+            for logits_dtype in logits for policy in policies for shape in shapes
             for lr in LRS[arg] for seed in seeds]
 
 
-def _arms(rule, dtype: str, policies: tuple[str, ...]) -> claims_lib.Arms:
-    return claims_lib.Arms(rule, field="model.logits_dtype", where=(("train.dtype", dtype),),
+def _where(dtype: str, recipe: dict) -> tuple[tuple[str, object], ...]:
+    return (("train.dtype", dtype), *recipe.items())
+
+
+def _arms(rule, dtype: str, recipe: dict, policies: tuple[str, ...]) -> claims_lib.Arms:
+    return claims_lib.Arms(rule, field="model.logits_dtype", where=_where(dtype, recipe),
                            policies=policies, min_lr=PRECISION_MIN_LR)
+
+
+def _float16_claims(recipe: dict, how: str) -> list[claims_lib.Claim]:
+    """The article's four float16 claims, for float16 run as `recipe` (`how`, in words)."""
+    low_worse = claims_lib.Compare("worse", policies=("activation",), reference="float32",
+                                   at="each_lr")
+    same = claims_lib.Compare("indistinguishable", policies=("activation",),
+                              reference="float32", at="each_lr")
+    unstable = claims_lib.Unstable(("activation",))
+    cured = claims_lib.Unstable(("float32",), expect_unstable=False)
+    return [claims_lib.Claim(text + how, _arms(rule, "float16", recipe, policies),
+                             source="article, pitfall 3") for text, rule, policies in (
+        ("Without the scale, float16 logits overflow at large learning rates: the runs "
+         "diverge, spike or collapse", unstable, ("none",)),
+        ("Float32 logits cure it: the same float16 runs with float32 logits train smoothly at "
+         "some large learning rate", cured, ("none",)),
+        ("Without the scale, float16 logits end worse than float32 logits at large learning "
+         "rates", low_worse, ("none",)),
+        ("With 1/√d_k, float16 logits end as well as float32 logits at large learning rates",
+         same, ("inv_sqrt_dk",)))]
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     low_worse = claims_lib.Compare("worse", policies=("activation",), reference="float32",
                                    at="each_lr")
-    same = claims_lib.Compare("indistinguishable", policies=("activation",),
-                              reference="float32", at="each_lr")
-    float16 = [
-        claims_lib.Claim(
-            "Without the scale, float16 logits overflow at large learning rates: the runs "
-            "diverge, spike or collapse", _arms(claims_lib.Unstable(("activation",)),
-                                                "float16", ("none",)),
-            source="article, pitfall 3"),
-        claims_lib.Claim(
-            "Float32 logits cure it: the same float16 runs with float32 logits train smoothly "
-            "at some large learning rate",
-            _arms(claims_lib.Unstable(("float32",), expect_unstable=False), "float16",
-                  ("none",)), source="article, pitfall 3"),
-        claims_lib.Claim(
-            "Without the scale, float16 logits end worse than float32 logits at large learning "
-            "rates", _arms(low_worse, "float16", ("none",)), source="article, pitfall 3"),
-        claims_lib.Claim(
-            "With 1/√d_k, float16 logits end as well as float32 logits at large learning rates",
-            _arms(same, "float16", ("inv_sqrt_dk",)), source="article, pitfall 3"),
-    ]
-    bfloat16 = [
-        claims_lib.Claim(
-            "bfloat16 logits (float32's range, 8 bits of mantissa) end worse than float32 "
-            "logits at large learning rates", _arms(low_worse, "bfloat16", ()),
-            source="article, pitfall 3"),
-    ]
-    return (float16 if arg is not None else []) + bfloat16  # the default has no float16
+    bfloat16 = claims_lib.Claim(
+        "bfloat16 logits (float32's range, 8 bits of mantissa) end worse than float32 logits "
+        "at large learning rates", _arms(low_worse, "bfloat16", PLAIN, ()),
+        source="article, pitfall 3")
+    mixed = _float16_claims(MIXED, " (float16 as practised: float32 residual stream, dynamic "
+                                   "loss scale; the logits the only float16 path left)")
+    if arg is None:  # the accelerator runs float16 only as practised
+        return [*mixed, bfloat16]
+    needs_scaling = claims_lib.Claim(
+        "float16 training needs loss scaling: with a float32 residual stream, float32 logits "
+        "and 1/√d_k, runs without a loss scale end worse than with a dynamic one",
+        claims_lib.Arms(claims_lib.Compare("worse", policies=("0",),
+                                           reference=str(LOSS_SCALE_PERIOD), at="each_lr"),
+                        field="train.loss_scale_period",
+                        where=(("train.dtype", "float16"), ("model.residual_dtype", "float32"),
+                               ("model.logits_dtype", "float32")), policies=("inv_sqrt_dk",)),
+        source="mixed-precision practice (Micikevicius et al. 2018)")
+    return [*_float16_claims(PLAIN, ""), bfloat16, *mixed, needs_scaling]
