@@ -16,7 +16,10 @@ at `MIN_SCALE` is not an overflow scaling can cure: the run has diverged, as wit
 
 The dynamic state (S and the count of finite steps) lives in the optimiser's state
 (`DynamicScaleState`, wrapping the optimiser's own, as `optax.apply_if_finite` does), so it is
-checkpointed and restored with it, and in an ensemble each member has its own.
+checkpointed and restored with it, and in an ensemble each member has its own. A skipped
+step leaves the schedule's count too (as `optax.apply_if_finite` and jmp's examples do), so
+after k skips the optimiser's LR multiplier is that of k steps earlier than the logged
+`train/lr`, which follows the run's step.
 """
 
 from __future__ import annotations
