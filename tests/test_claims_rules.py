@@ -239,8 +239,28 @@ def test_counts_use_fisher_and_wilson():
     p = sps.fisher_exact([[0, 24], [5, 1]]).pvalue
     low, high = sps.binomtest(0, 24).proportion_ci(method="wilson")
     assert found.verdict == "supported", found
-    assert f"0 of 24 solved (95% Wilson {low:.2f}–{high:.2f})" in found.numbers[0]
+    assert f"0 of 24 solved on the validation split (95% Wilson {low:.2f}–{high:.2f})" in (
+        found.numbers[0])
     assert f"Fisher p = {p:.3g}" in found.numbers[0]
+
+
+def test_counts_choose_the_lr_on_validation_and_count_on_the_test_split():
+    """Validation picks LR 1e-3 for both policies (1e-2 is worse there); the count is then
+    taken from the test accuracies of those runs, which disagree with validation's."""
+    rows = []
+    for policy, test_at_best in (("inv_sqrt_dk", 0.95), ("none", 0.1)):
+        for seed in range(6):
+            rows.append(row(policy, 32, 1e-3, seed, **{"final_val/accuracy": 0.5,
+                                                      "final_test/accuracy": test_at_best}))
+            rows.append(row(policy, 32, 1e-2, seed, **{"final_val/accuracy": 0.2,
+                                                      "final_test/accuracy": 0.99}))
+    for r in rows:
+        r["task"] = "mqar"
+    found = verdicts.judge(c.Claim("x", c.Counts("worse", policies=("none",))), rows)
+    # Counted on validation nothing reaches 0.9; on test at the chosen LR: 0 of 6 against 6 of 6.
+    assert "0 of 6 solved on the test split" in found.numbers[0], found
+    assert "against inv_sqrt_dk 6 of 6" in found.numbers[0], found
+    assert found.verdict == "supported", found
 
 
 def test_a_sweep_that_cannot_support_a_verdict_says_so():

@@ -158,6 +158,14 @@ class _Comparison:
                 f"{self.split}; {_p_text(self.differ[i])}{tost} → {self.decision(i)}")
 
 
+def split_of(metric: str) -> str:
+    """What a number is measured on: a split for final_val*/final_test* keys, else the runs'
+    training diagnostics (max |logit|, entropy, learned scale)."""
+    if metric.startswith("final_test"):
+        return "the test split"
+    return "the validation split" if metric.startswith("final_val") else "training diagnostics"
+
+
 def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str]:
     """The rule's paired comparisons, whether higher is better, and the split they report."""
     key, higher = cmp.primary_metric(rows)
@@ -167,9 +175,11 @@ def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str
         found, split = cmp.paired_sensitivity(rows, rule.reference), "the LR grid"
         higher = False
     else:
-        metric = cmp.report_metric(rows, key) if rule.metric == "primary" else rule.metric
+        chosen = key if rule.metric == "primary" else rule.metric
+        # A log10 metric's test counterpart is not log10'd: it reports on what it chose on.
+        metric = chosen if rule.log10 else cmp.report_metric(rows, chosen)
         higher = higher if rule.metric == "primary" else False
-        split = "the test split" if "test" in metric else "the validation split"
+        split = split_of(metric)
         if rule.at == "own_lr":
             found = _paired_own_lr(rows, rule.reference, metric, higher)
         elif rule.at == "best_lr":
@@ -212,7 +222,10 @@ class _Counting:
     def __init__(self, rule: Counts, rows: list[dict]) -> None:
         rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
         self.rule = rule
-        solved = _solved(rule, rows)
+        # The best LR is chosen on the validation metric; the runs there are counted on the
+        # disjoint test split when every finished run has it.
+        self.counted = cmp.report_metric(rows, rule.metric)
+        solved = _solved(rule, rows, self.counted)
         refs = {d_k: s for (policy, d_k), s in solved.items() if policy == rule.reference}
         self.entries = [(policy, d_k, s, refs[d_k]) for (policy, d_k), s in solved.items()
                         if policy != rule.reference and d_k in refs
@@ -244,21 +257,25 @@ class _Counting:
         policy, d_k, (k, n), (k_ref, n_ref) = self.entries[i]
         low, high = significance.wilson(k, n)
         ref_low, ref_high = significance.wilson(k_ref, n_ref)
-        return (f"{policy}, d_k={d_k}: {k} of {n} solved (95% Wilson {low:.2f}–{high:.2f}) "
+        split = split_of(self.counted)
+        return (f"{policy}, d_k={d_k}: {k} of {n} solved on {split} (95% Wilson "
+                f"{low:.2f}–{high:.2f}) "
                 f"against {self.rule.reference} {k_ref} of {n_ref} ({ref_low:.2f}–"
                 f"{ref_high:.2f}); Fisher {_p_text(self.fisher[i])} → {self.decision(i)}")
 
 
-def _solved(rule: Counts, rows: list[dict]) -> dict[tuple[str, int], tuple[int, int]]:
-    """(policy, d_k) -> (successes, runs) over the runs at the setting's best LR by mean
-    metric (every run of the setting when it has one LR); a run without a value failed."""
+def _solved(rule: Counts, rows: list[dict],
+            counted: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(policy, d_k) -> (successes in `counted`, runs) over the runs at the setting's best LR
+    by mean `rule.metric` (every run of the setting when it has one LR); a run without a value
+    failed."""
     out = {}
     for (_, d_k), by_lr in cmp.curves(rows).items():
         def mean(runs: list[dict]) -> float:
             values = [cmp.finished_value(r, rule.metric) for r in runs]
             return sum(v or 0.0 for v in values) / len(values)
         runs = max(by_lr.values(), key=mean)
-        hits = sum((cmp.finished_value(r, rule.metric) or -math.inf) >= rule.success_at
+        hits = sum((cmp.finished_value(r, counted) or -math.inf) >= rule.success_at
                    for r in runs)
         out[(runs[0]["policy"], d_k)] = (hits, len(runs))
     return out
