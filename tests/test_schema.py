@@ -225,3 +225,10 @@ def test_config_md_is_the_schemas_reference():
     assert published.count("\n| `") == len(schema.FIELDS)
     assert "](CONFIG.md)" in (REPO / "README.md").read_text()
 
+
+
+def test_each_field_is_listed_once():
+    """A field listed twice would be checked twice and printed twice in CONFIG.md, and the
+    second entry's bounds would silently win in BY_NAME."""
+    names = [field.name for field in schema.FIELDS]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)

@@ -120,19 +120,6 @@ FIELDS: tuple[Field, ...] = (
        high_open=True),
     _f("model.attention_impl", "str", "attention kernel",
        choices=("reference", "fused", "blocked", "auto")),
-    _f("model.qk_dim", "int", "q/k width per head, the d_k policies see; 0: model.head_dim",
-       low=0),
-    _f("model.qk_product_dtype", "str", "dtype q.k accumulates in; empty: model.logits_dtype",
-       choices=("", "float32", "activation")),
-    _f("model.softmax_dtype", "str", "dtype entering the softmax; empty: model.logits_dtype",
-       choices=("", "float32", "activation")),
-    _f("model.parametrization", "str", "how init and LRs follow the width",
-       choices=("sp", "mup")),
-    _f("model.base_d_model", "int", "the base width mup is relative to; 0: the model's own",
-       low=0),
-    _f("model.base_head_dim", "int", "the base head width mup is relative to; 0: the own",
-       low=0),
-    _f("model.readout_zero_init", "bool", "mup: an untied readout initialised at zero"),
     _f("model.parametrization", "str", "width rules of init, readout and LRs "
        "(model/parametrization.py)", choices=("sp", "mup")),
     _f("model.base_d_model", "int", "μP's base width (0: the model's own d_model)", low=0),
@@ -145,8 +132,6 @@ FIELDS: tuple[Field, ...] = (
     _f("data.val_batches", "int", "validation batches per evaluation", low=1),
     _f("data.test_bytes", "int", "test-split bytes (MQAR: tokens) scored once at the end "
        "(data/heldout.py; 0: none)", low=0),
-    _f("data.test_bytes", "int", "held-out test split bytes (MQAR: tokens) scored at the end; "
-       "0: none", low=0),
     _f("data.mqar_num_pairs", "int", "key/value pairs per MQAR sequence", low=1),
     _f("data.mqar_vocab_size", "int", "MQAR ids (even, at most 8192)", low=4, high=8192),
     _f("data.mqar_power_a", "float", "MQAR query-gap power law's a (Zoology: 0.01)",
