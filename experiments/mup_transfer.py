@@ -1,7 +1,7 @@
 r"""Learning-rate transfer across width under SP and μP, for 1/√d_k, μP's 1/d_k and QK-LayerNorm.
 
   python -m scale_ablation.sweep --config=experiments/mup_transfer.py:cpu \
-      --workdir=runs/mup_transfer_cpu
+      --workdir=runs/mup_transfer_cpu --refine
   python -m scale_ablation.coord_check --config=experiments/mup_transfer.py:cpu \
       --widths=64,128,256,512 --steps=10 --seeds=3 --out=runs/mup_transfer_cpu/coord_check
 
@@ -15,7 +15,8 @@ can break μ-transfer) is whether the located best LR stays within one grid step
 Variants: `cpu` (2 cores: widths 64-256, 4 heads, 2 layers, 300 steps of 16 × 128 bytes, a
 16 KiB test split; 7 LRs 2.5e-4..1.6e-2 (5, from 1e-3, at width 256: `LOWEST_LR`) × 2
 parametrisations × 3 policies × 2 seeds = 228 runs; measured on the 2-core VM, a group of 28
-runs took ~5 min at width 64 and ~19 min at width 128, one of 20 ~28 min at 256: ~2.7 h in all). Why this size: a pilot of the earlier design (widths 64-512, 100 steps
+runs took ~5 min at width 64 and ~19 min at width 128, one of 20 ~28 min at 256: ~2.7 h in all;
+`--refine` then added 82 runs in two rounds, ~1 h; published in experiments/results/mup_transfer_cpu). Why this size: a pilot of the earlier design (widths 64-512, 100 steps
 of 8 × 64 bytes, 192 of its 288 runs, 2026-12-01) ended every run between 3.65 and 4.8 bits per
 byte, above the bigram line (3.59): all `not_learning`, so its optima were those of a model
 that had not yet left the bigram plateau. On the base model 16 × 128-byte batches pass the

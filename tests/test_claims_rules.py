@@ -271,3 +271,20 @@ def test_a_sweep_that_cannot_support_a_verdict_says_so():
     assert any("no run learned" in x for x in caveats)
     found = verdicts.judge(c.Claim("x", c.Unstable(("none",), expect_unstable=True)), rows)
     assert found.verdict == "inconclusive"  # every run not_learning would otherwise 'support' it
+
+
+def test_claims_md_names_refine_when_the_sweep_was_refined(tmp_path):
+    """refined.json's points are part of the grid only when the sweep is run with --refine, so
+    the command that reproduces a refined sweep must say so."""
+    from scale_ablation.analysis import claims_markdown
+
+    rows = [row(p, 32, 1e-3, s, final_val_bpb=3.0 + (p == "none") + 0.01 * s)
+            for p in ("inv_sqrt_dk", "none") for s in range(3)]
+    claim = [c.Claim("x", c.Compare("worse", policies=("none",)))]
+    out = tmp_path / "claims.md"
+    for refined in (False, True):
+        if refined:
+            (tmp_path / "refined.json").write_text("{}")
+        assert claims_markdown.write_claims(claim, "exp.py:cpu", str(tmp_path), rows, str(out))
+        command = f"--config=exp.py:cpu --workdir={tmp_path}" + (" --refine" if refined else "")
+        assert f"`python -m scale_ablation.sweep {command}`" in out.read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from scale_ablation.analysis import verdicts
@@ -15,8 +16,11 @@ def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: lis
     rest on the others."""
     if not declared:
         return False
+    # A refined sweep's grid includes refined.json's points: its command names --refine.
+    refine = " --refine" if os.path.exists(os.path.join(sweep_dir, "refined.json")) else ""
     lines = [f"# Claims tested by `{spec}`", "",
-             f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}`",
+             f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}"
+             f"{refine}`",
              "", "Verdicts are computed by scale_ablation/analysis/verdicts.py from the runs' "
              "files; every test of this study is one family, Holm-corrected.", ""]
     if without_result:
