@@ -61,11 +61,18 @@ def expected_series(arg: str | None) -> set[tuple[str, str, int]]:
     config, points = grid(arg)
     d_model = config["model"]["d_model"]
     fixed = FIXED_HEADS if arg is None else dk_sweep.FIXED_HEADS[arg]
+    d_ks: dict = {}
+    for point in points:
+        d_ks.setdefault(point["model.num_heads"], set()).add(
+            point.get("model.qk_dim") or point["model.head_dim"])
     out = set()
     for point in points:
-        heads, d_k = point["model.num_heads"], point["model.head_dim"]
+        heads, value = point["model.num_heads"], point["model.head_dim"]
+        d_k = point.get("model.qk_dim") or value  # the q/k-width arm: d_k apart from the value
+        # A fixed-heads arm is a head count spanning several d_k (cpu: the q/k-width arm).
+        fixed_heads = (heads == fixed or "model.qk_dim" in point) and len(d_ks[heads]) > 1
         arms = ([f"width {d_model}"] if heads * d_k == d_model else []) + (
-            [f"{heads} head{'s' if heads > 1 else ''}"] if heads == fixed else [])
+            [f"{heads} head{'s' if heads > 1 else ''}"] if fixed_heads else [])
         init = f"init={point['model.init']}, " if "model.init" in point else ""
         out |= {(point["policy"], init + arm, d_k) for arm in arms}
     return out
@@ -118,7 +125,10 @@ def test_every_series_drawn_and_no_panel_crowded(sweep):
         else:  # one row: the shared cell (1 head × 128 = d_model) drawn once
             assert {(p, d) for p, _, d in (g.split("|") for g in gids)} == {
                 (p, str(d)) for p, _, d in cells}, name
-            assert len(gids) == len({(p, d) for p, _, d in cells}), name
+            # Each distinct model (policy, init, heads, value width, q/k width) drawn once.
+            models = {(q["policy"], q.get("model.init"), q["model.num_heads"],
+                       q["model.head_dim"], q.get("model.qk_dim")) for q in grid(arg)[1]}
+            assert len(gids) == len(models), name
     final = set(drawn(figures["final_bpb_vs_dk.png"]))
     assert final == {f"{p}|{s}" for p, s, _ in cells}
     for fig in figures.values():
@@ -184,9 +194,9 @@ def test_intervals_only_where_n_at_least_2_and_n_said(tmp_path):
 
 
 def test_arms_of_the_cpu_grid():
-    """dk_sweep cpu's cells: 8 × 16 and 1 × 128 are the fixed width (d_model 128), 1 × 128 and
-    1 × 512 the fixed single head; the shared cell is in both."""
+    """dk_sweep cpu's cells: 8 × 16 and 1 × 128 are the fixed width (d_model 128); its other
+    arm varies the q/k width (model.qk_dim) and is not a cell of heads × head_dim."""
     rows = [{"d_k": d, "override:model.num_heads": h} for h, d in dk_sweep.cells("cpu")]
     arms = plot_groups.arms(rows)
-    assert [arms(r) for r in rows] == [["width 128"], ["width 128", "1 head"], ["1 head"]]
+    assert [arms(r) for r in rows] == [["width 128"], ["width 128"]]
     assert plot_groups.arms([{"d_k": 16}])({"d_k": 16}) == [""]

@@ -20,7 +20,7 @@ from scale_ablation.analysis import stats
 DEFAULT_REFERENCE = "inv_sqrt_dk"
 # The table's own axes: every other override makes a separate variant, so that runs differing
 # in, say, init gain or learning rate are never averaged together.
-TABLE_AXES = ("policy", "model.head_dim", "train.seed")
+TABLE_AXES = ("policy", "model.head_dim", "model.qk_dim", "train.seed")  # d_k is the table axis
 
 
 def variant(row: dict, also_ignore: tuple[str, ...] = ()) -> str:
