@@ -8,6 +8,7 @@ or named; n said; image sizes under the cap; one legend, clear of every panel.""
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 
@@ -37,13 +38,14 @@ def diverges(parametrization: str, policy: str, lr: float) -> bool:
     return parametrization == "sp" and policy.startswith("mup_inv_dk") and lr > 0.03
 
 
-def loss(parametrization: str, policy: str, width: int, lr: float, seed: int) -> float:
+def loss(parametrization: str, policy: str, width: int, lr: float, seed: int,
+         best=best_lr) -> float:
     shift = SEED_SHIFT * (1 if seed else -1)
-    centre = math.log2(best_lr(parametrization, policy, width)) + shift
+    centre = math.log2(best(parametrization, policy, width)) + shift
     return 3.6 - 0.1 * math.log2(width / 64) + 0.05 * (math.log2(lr) - centre) ** 2
 
 
-def rows() -> list[dict]:
+def rows(best=best_lr) -> list[dict]:
     out = []
     for point in mup_transfer.sweep("cpu"):
         p, policy = point["model.parametrization"], point["policy"]
@@ -54,7 +56,7 @@ def rows() -> list[dict]:
             "d_k": point["model.head_dim"], "lr": lr, "seed": seed, "task": "lm",
             **{f"override:{k}": v for k, v in point.items()},
             "status": "diverged" if failed else "completed",
-            "final_val_bpb": None if failed else loss(p, policy, width, lr, seed),
+            "final_val_bpb": None if failed else loss(p, policy, width, lr, seed, best),
             "baseline_unigram_bpb": UNIGRAM, "baseline_bigram_bpb": BIGRAM})
     return out
 
@@ -179,3 +181,33 @@ def test_sizes_under_the_cap_and_one_legend_clear_of_every_panel(rendered):
         for ax in fig.axes:
             if ax.get_visible():
                 assert not box.overlaps(ax.get_window_extent(renderer)), (name, ax.get_title())
+
+
+def close_ends(parametrization: str, policy: str, width: int) -> float:
+    """Every line ends near 3e-3, a few percent apart, the first policy the sweep lists lowest:
+    the reverse of a stacking by the order lines are drawn in."""
+    order = list(dict.fromkeys(p["policy"] for p in mup_transfer.sweep("cpu")))
+    return 6e-3 if width == 64 else 3e-3 * 1.04 ** order.index(policy)
+
+
+@pytest.mark.parametrize("best", [best_lr, close_ends], ids=["known", "close_ends"])
+def test_ratio_labels_name_each_line_in_its_end_order_and_stay_apart(best):
+    """In each panel one ×r label per line, stacked in the order the lines end from the bottom
+    up, no two overlapping, where lines end at the same LR or close in the other order."""
+    found = rows(best)
+    fig = transfer_plots.plot_best_lr(found, plot_style.Style.of(found))
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    optima = transfer.optima(found)
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        param = {v: k for k, v in transfer_plots.NAMES.items()}[ax.get_title()]
+        mine = [w for (p, _), w in optima.items() if p == param]
+        ends = sorted(mine, key=lambda w: w[max(w)].lr_star)  # ties: any order is right
+        labels = sorted((t for t in ax.texts if t.get_text().startswith("×")),
+                        key=lambda t: t.get_window_extent(renderer).y0)
+        assert [t.get_text() for t in labels] == [f"×{transfer.spread(w)[0]:.2g}" for w in ends]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        for below, above in itertools.pairwise(boxes):
+            assert below.y1 <= above.y0 + 0.5, param

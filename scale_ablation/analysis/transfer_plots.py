@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
@@ -75,27 +76,43 @@ def _draw_best(ax, by_width: dict[int, optimum.Optimum], line: dict, gid: str,
                       color="0.2", marker=marker, fillstyle="none", linestyle="none")
 
 
-def _ratio(ax, by_width: dict[int, optimum.Optimum], x: float, colour: str,
-           rise: float) -> None:
-    """The line's max/min best LR over the widths, right of its last point, `rise` points up
-    (lines that end together fan their labels out)."""
+def _ratio_label(by_width: dict[int, optimum.Optimum], x: float, colour: str) -> tuple:
+    """The line's max/min best LR over the widths, to stand right of its last point (x, y)."""
     ratio, _, edge = transfer.spread(by_width)
-    last = by_width[max(by_width)].lr_star
-    ax.annotate(f"×{ratio:.2g}{' (edge)' if edge else ''}", xy=(x, last), xytext=(6, rise),
-                textcoords="offset points", va="center", fontsize=7, color=colour)
+    text = f"×{ratio:.2g}{' (edge)' if edge else ''}"
+    return x, by_width[max(by_width)].lr_star, text, colour
+
+
+def _place_ratios(ax, labels: list[tuple], gap: float = 0.07) -> None:
+    """Each label at its line's end, in the order the lines end from bottom to top, pushed
+    apart to `gap` (a share of the axis height) so that lines ending together stay legible.
+    Needs the panel's final log-y limits."""
+    low, high = (np.log(v) for v in ax.get_ylim())
+    labels = sorted(labels, key=lambda label: label[1])
+    heights = [(np.log(y) - low) / (high - low) for _, y, _, _ in labels]
+    for i in range(1, len(heights)):
+        heights[i] = max(heights[i], heights[i - 1] + gap)
+    overflow = max(heights[-1] - (1 - gap / 2), 0.0) if heights else 0.0
+    for (x, y, text, colour), h in zip(labels, heights, strict=True):
+        ax.annotate(text, xy=(x, y), xytext=(x * 1.1, h - overflow),
+                    textcoords=("data", "axes fraction"), va="center", fontsize=7,
+                    color=colour)
 
 
 def _best_panel(ax, param: str, mine: list[tuple[str, dict]], style: look.Style,
-                keys: look.Keys) -> None:
-    """One parametrisation's lines, a policy each, dodged sideways around the widths."""
+                keys: look.Keys) -> list[tuple]:
+    """One parametrisation's lines, a policy each, dodged sideways around the widths; returns
+    their ratio labels (placed once the axis limits are final)."""
+    labels = []
     linestyle, marker = STYLES.get(param, ("-", "o"))
     for k, (policy, by_width) in enumerate(mine):
         colour, dodge = style.colours.get(policy, "k"), 2 ** (0.05 * (k - (len(mine) - 1) / 2))
         keys.series(policy, "", min(o.n_seeds for o in by_width.values()))
         _draw_best(ax, by_width, {"color": colour, "linestyle": linestyle, "marker": marker},
                    f"{param}|{policy}", keys, dodge)
-        _ratio(ax, by_width, max(by_width) * dodge, colour, rise=8 * ((len(mine) - 1) / 2 - k))
+        labels.append(_ratio_label(by_width, max(by_width) * dodge, colour))
     ax.set_title(NAMES.get(param, param), fontsize=9)
+    return labels
 
 
 def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
@@ -110,8 +127,8 @@ def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
     lrs = sorted({lr for by_width in found.values() for o in by_width.values() for lr in o.lrs})
     for j, param in enumerate(params):
         ax = axes[0][j]
-        _best_panel(ax, param, [(policy, by_width) for (p, policy), by_width in found.items()
-                                if p == param], style, keys)
+        labels = _best_panel(ax, param, [(policy, by_width) for (p, policy), by_width
+                                         in found.items() if p == param], style, keys)
         ax.set_xscale("log", base=2)
         ax.set_xticks(widths, [str(w) for w in widths], fontsize=7)
         ax.set_yscale("log")
@@ -120,6 +137,7 @@ def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
         ax.grid(axis="y", color="0.9", linewidth=0.8)  # the grid's LRs: one step apart
         ax.set_ylim(lrs[0] / 1.5, lrs[-1] * 1.5)
         ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.9)  # room for the ratios at the right
+        _place_ratios(ax, labels)
     step = max(transfer.spread(by_width)[1] for by_width in found.values())
     keys.mark(f"×r: max/min best LR over widths;\ntransfers when r ≤ the grid step ×{step:.2g}",
               linestyle="none")
