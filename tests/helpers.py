@@ -6,6 +6,7 @@ import pathlib
 import textwrap
 
 from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import runtime
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
@@ -15,6 +16,10 @@ TINY_MODEL = {  # and its batches: what the tiny runs and sweeps of the tests sh
     "model.d_model": 32, "model.num_layers": 1, "model.num_heads": 2, "model.head_dim": 16,
     "data.seq_len": 32, "data.val_batches": 1, "train.batch_size": 4,
 }
+# An environment entry that takes the suite's shared XLA cache (conftest.py) away from a command:
+# its cache is then the one beside its workdir, so a check that nothing was created there holds
+# that cache too.
+OWN_CACHE = {runtime.CACHE_VARIABLE: ""}
 TINY_RUN = {
     **TINY_MODEL, "train.steps": 10, "train.log_every": 2, "train.eval_every": 5,
     "train.diag_every": 0, "checkpoint.every": 5, "wandb.mode": "disabled",

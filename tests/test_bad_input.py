@@ -15,7 +15,7 @@ import subprocess
 import textwrap
 
 import pytest
-from helpers import QUICK, REPO, read_json, snapshot, tiny_config
+from helpers import OWN_CACHE, QUICK, REPO, read_json, snapshot, tiny_config
 from test_train_faults import main_args, one_error_line, run_module
 
 from scale_ablation import sweep
@@ -40,7 +40,7 @@ def test_a_workdir_that_cannot_be_one_is_one_line_and_creates_nothing(tmp_path, 
     before = snapshot(tmp_path)
     args = main_args(workdir) if command == "main" else [f"--config={QUICK}",
                                                          f"--workdir={workdir}", "--dry_run"]
-    line = one_error_line(run_module(command, *args))
+    line = one_error_line(run_module(command, *args, env=OWN_CACHE))
     assert f"--workdir {workdir}" in line
     assert snapshot(tmp_path) == before  # no .jax_cache beside it either
     assert not workdir.exists()

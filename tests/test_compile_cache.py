@@ -14,6 +14,8 @@ import sys
 import pytest
 from helpers import REPO, TINY_MODEL, experiment_source
 
+from scale_ablation.training import runtime
+
 
 def experiment(steps_per_call: int) -> str:
     """Two runs that train as one ensemble and one of another shape that trains alone; with 2
@@ -40,14 +42,20 @@ def kinds(stdout: str) -> dict[str, int]:
                                  (item.rsplit(" ", 1) for item in found.group(1).split(", "))}
 
 
+def own_cache_environment() -> dict[str, str]:
+    """The suite's environment without its shared cache (conftest.py): this sweep starts cold,
+    with the cache beside its workdir."""
+    env = {k: v for k, v in os.environ.items() if k != runtime.CACHE_VARIABLE}
+    return {**env, "WANDB_MODE": "disabled"}
+
+
 def run_sweep(spec: str, sweep_dir, by_kind: dict | None = None) -> tuple[int, int, int, int]:
     """(programs compiled, train steps compiled, of them in the compile-ahead thread,
     programs loaded from the cache); `by_kind` is filled with the compiled programs by kind."""
     result = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
          f"--workdir={sweep_dir}", "--noreport"],
-        cwd=REPO, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True,
-        timeout=300)
+        cwd=REPO, env=own_cache_environment(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     found = LINE.search(result.stdout)
     assert found, result.stdout
@@ -80,3 +88,21 @@ def test_warm_cache_rerun_compiles_nothing(tmp_path, steps_per_call):
     compiled, train_steps, _, loaded = run_sweep(str(spec), sweep_dir)
     assert (compiled, train_steps) == (0, 0)
     assert loaded > 0
+
+
+@pytest.mark.parametrize("variable", ["", "user"])
+def test_the_cache_is_beside_the_workdir_unless_the_user_named_one(tmp_path, monkeypatch,
+                                                                   variable):
+    import jax
+
+    named = str(tmp_path / "users_cache")
+    monkeypatch.setenv(runtime.CACHE_VARIABLE, named if variable else "")
+    before = (jax.config.jax_compilation_cache_dir,
+              jax.config.jax_persistent_cache_min_compile_time_secs)
+    try:
+        runtime.enable_compilation_cache(str(tmp_path / "sweep" / "run"))
+        expected = named if variable else str(tmp_path / "sweep" / ".jax_cache")
+        assert jax.config.jax_compilation_cache_dir == expected
+    finally:  # the suite's own cache again, for the tests after this one
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])

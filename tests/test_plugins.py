@@ -20,7 +20,7 @@ import zipfile
 
 import pytest
 import yaml
-from helpers import TINY_MODEL, experiment_source, read_json, snapshot
+from helpers import OWN_CACHE, TINY_MODEL, experiment_source, read_json, snapshot
 
 from experiments import dk_sweep
 from scale_ablation.model import plugins, policies
@@ -179,7 +179,7 @@ def test_sweep_refuses_a_bad_import_and_writes_nothing(case, tmp_path):
         write(path, text)
     out = tmp_path / "out"
     result = run("-m", "scale_ablation.sweep", "--config=experiments/dk_sweep.py:quick",
-                 f"--workdir={out / 'sweep'}", f"--imports={path}")
+                 f"--workdir={out / 'sweep'}", f"--imports={path}", env={**ENV, **OWN_CACHE})
     assert_one_line_error(result, f"error: --imports={path}: ", message)
     assert not out.exists()  # no sweep directory, no .jax_cache beside it
 

@@ -8,7 +8,7 @@ import math
 
 import ml_collections
 import pytest
-from helpers import REPO, snapshot, tiny_config
+from helpers import OWN_CACHE, REPO, snapshot, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_train_faults import main_args, one_error_line, run_module
@@ -199,7 +199,7 @@ NONSENSE = {
 def test_main_refuses_nonsense_in_one_line_exit_2_creating_nothing(tmp_path, name):
     before = snapshot(tmp_path)
     args = main_args(tmp_path / "run", **{name: NONSENSE[name]})
-    line = one_error_line(run_module("main", *args))
+    line = one_error_line(run_module("main", *args, env=OWN_CACHE))
     assert line.startswith(f"error: {name} must be"), line
     assert snapshot(tmp_path) == before  # no run directory, no .jax_cache beside it
 

@@ -18,7 +18,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import QUICK, REPO, read_json, snapshot, tiny_config
+from helpers import OWN_CACHE, QUICK, REPO, read_json, snapshot, tiny_config
 from helpers import TINY_RUN as TINY
 
 from scale_ablation import report, sweep
@@ -390,7 +390,7 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, case):
     if case == "workdir is a file":
         workdir.write_text("not a directory")
     before = snapshot(tmp_path)
-    line = one_error_line(run_module("main", *main_args(workdir, **overrides)))
+    line = one_error_line(run_module("main", *main_args(workdir, **overrides), env=OWN_CACHE))
     assert expected in line
     assert snapshot(tmp_path) == before  # no .jax_cache beside it, no workdir
 
