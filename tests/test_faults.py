@@ -214,7 +214,9 @@ def no_traceback(result: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in text and "Logging error" not in text, text
 
 
-@pytest.mark.parametrize("size", ["200k", "450k", "700k"])
+# Three points at which the disk fills (the default command keeps the middle one; ~15 s each).
+@pytest.mark.parametrize("size", [pytest.param("200k", marks=pytest.mark.slow), "450k",
+                                  pytest.param("700k", marks=pytest.mark.slow)])
 def test_a_full_disk_is_one_line_exit_1_and_resumes_when_space_returns(
         small_disk, size, uninterrupted):
     mount, grow = small_disk

@@ -142,6 +142,7 @@ def test_the_z_loss_arm_is_paired_with_the_reference_runs_of_its_seed_and_lr():
         assert f"Δ = {expected:.4f} ±" in line, (line, expected)
 
 
+@pytest.mark.slow  # ~50 s; grid and claims are checked above, z-loss by hand in test_steps.py
 def test_quick_sweep_trains_and_reports_its_claims(tmp_path):
     result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep",
                              f"--config={REPO}/experiments/stabilisers.py:quick",
