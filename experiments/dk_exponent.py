@@ -64,10 +64,16 @@ SIZES = {
            tuple(2.0**k for k in range(-2, 4)), base.lr_grid_around(3e-3, points=3),
            base.ACCELERATOR_SEEDS, INITS),
 }
-# Points added after a first pass, where a C* or an LR sat on its grid's edge:
-# (init, qk_dim) -> extra C; (init, qk_dim, C) -> extra LRs. Empty until the first report.
-WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {}
-WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {}
+# The cpu variant's points added after its first pass, where a C* or a best C's (or its
+# neighbour's) LR sat on its grid's edge: (init, qk_dim) -> extra C; (init, qk_dim, C) -> extra
+# LRs. The other variants have grids of their own, widened from their own reports.
+# fan_in, first pass: c* on the low edge (0.25) at d_k 128 and 256; 1/√d_k's best LR on the low
+# edge at d_k 32 and 64, and c = 0.5's at 256, each the best c's neighbour.
+WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {("fan_in", 128): (0.125,),
+                                                     ("fan_in", 256): (0.125,)}
+WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {
+    ("fan_in", 32, 1.0): (1.25e-3,), ("fan_in", 64, 1.0): (1.25e-3,),
+    ("fan_in", 256, 0.5): (1.25e-3,)}
 
 
 def get_config(arg: str | None = None):
@@ -100,13 +106,14 @@ def policy_of(c: float) -> str:
 
 def sweep(arg: str | None = None) -> list[dict]:
     _, _, qk_dims, cs, lrs, seeds, inits = SIZES[arg]
+    wider_c, wider_lr = (WIDER_C, WIDER_LR) if arg == "cpu" else ({}, {})
     points = []
     for init in inits:
         for qk_dim in qk_dims:
-            for c in base.lr_grid_for((init, qk_dim), cs, WIDER_C):
+            for c in base.lr_grid_for((init, qk_dim), cs, wider_c):
                 points += [{"policy": policy_of(c), "model.qk_dim": qk_dim, "model.init": init,
                             "train.lr": float(f"{lr:.3g}"), "train.seed": seed}
-                           for lr in base.lr_grid_for((init, qk_dim, c), lrs, WIDER_LR)
+                           for lr in base.lr_grid_for((init, qk_dim, c), lrs, wider_lr)
                            for seed in seeds]
     return points
 
