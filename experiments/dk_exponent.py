@@ -68,9 +68,11 @@ SIZES = {
 # neighbour's) LR sat on its grid's edge: (init, qk_dim) -> extra C; (init, qk_dim, C) -> extra
 # LRs. The other variants have grids of their own, widened from their own reports.
 # fan_in, first pass: c* on the low edge (0.25) at d_k 128 and 256; 1/√d_k's best LR on the low
-# edge at d_k 32 and 64, and c = 0.5's at 256, each the best c's neighbour.
-WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {("fan_in", 128): (0.125,),
-                                                     ("fan_in", 256): (0.125,)}
+# edge at d_k 32 and 64, and c = 0.5's at 256, each the best c's neighbour. Second: c* 0.125 on
+# the edge at 256, and at 64 halfway through training.
+WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {("fan_in", 64): (0.125,),
+                                                     ("fan_in", 128): (0.125,),
+                                                     ("fan_in", 256): (0.0625, 0.125)}
 WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {
     ("fan_in", 32, 1.0): (1.25e-3,), ("fan_in", 64, 1.0): (1.25e-3,),
     ("fan_in", 256, 0.5): (1.25e-3,)}
