@@ -75,7 +75,7 @@ WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {("fan_in", 64): (0.125,),
                                                      ("fan_in", 256): (0.0625, 0.125)}
 WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {
     ("fan_in", 32, 1.0): (1.25e-3,), ("fan_in", 64, 1.0): (1.25e-3,),
-    ("fan_in", 256, 0.5): (1.25e-3,)}
+    ("fan_in", 256, 0.5): (1.25e-3,), ("fan_in", 256, 0.0625): (2e-2,)}
 
 
 def get_config(arg: str | None = None):
