@@ -1,0 +1,159 @@
+r"""Publish a sweep for review: its run files and the report written from them, into the repository.
+
+  python -m scale_ablation.publish runs/dk_exponent_cpu experiments/results/dk_exponent_cpu
+
+DEST/run_files gets each finished run's record of truth (`records.run_files`: config.json,
+metrics.jsonl, summary.json, train_losses.jsonl; no checkpoints, no W&B folder) and the sweep's
+record (sweep.json, refined.json). The report is then written from a copy of DEST/run_files, not
+from SOURCE, so what is published is exactly what regenerates (tests/test_published.py); its
+summary.csv, summary.md, claims.md and plots go beside run_files, with the copy's path written as
+`runs/STUDY` (STUDY: DEST's name), the path the study's command names. Every README that quotes
+DEST/claims.md between `<!-- claims: PATH -->` markers (DEST's own, the repository's) gets the new
+text, and the repository README's results-index row for STUDY its new verdicts.
+
+SOURCE is only read. Everything is built in a staging folder beside DEST first; DEST's previous
+report files and run_files are replaced only once the new report has been written.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+
+from absl import app
+
+from scale_ablation import report
+from scale_ablation.model import plugins
+from scale_ablation.records.run_files import STEP_LOSSES_FILE
+from scale_ablation.training.refine_grid import REFINED_FILE
+
+RUN_RECORD = ("config.json", "metrics.jsonl", "summary.json", STEP_LOSSES_FILE)
+SWEEP_RECORD = ("sweep.json", REFINED_FILE)
+REPORT_SUFFIXES = (".md", ".csv", ".png")
+_VERDICT = re.compile(r"Verdict[^:]*: \*\*(\w+)\*\*")
+_QUOTE = re.compile(r"<!-- claims: (\S+) -->\n.*?<!-- end claims -->", re.DOTALL)
+
+
+def check_paths(source: str, dest: str) -> None:
+    """Raise ValueError naming what is wrong with SOURCE or DEST, before anything is written."""
+    if not os.path.isfile(os.path.join(source, "sweep.json")):
+        raise ValueError(f"{source} is not a sweep directory (no sweep.json)")
+    if not any(os.path.isfile(os.path.join(source, name, "summary.json"))
+               for name in os.listdir(source)):
+        raise ValueError(f"{source} has no run with a summary.json yet")
+    src, dst = pathlib.Path(source).resolve(), pathlib.Path(dest).resolve()
+    if dst == src or src in dst.parents or dst in src.parents:
+        raise ValueError(f"{dest} and {source} must not contain each other")
+    if not dst.parent.is_dir():
+        raise ValueError(f"{dst.parent} does not exist")
+
+
+def copy_run_record(source: str, target: str) -> int:
+    """Copy each run with a summary.json, record files only, and the sweep's record; return the
+    number of runs copied."""
+    runs = 0
+    for name in sorted(os.listdir(source)):
+        if not os.path.isfile(os.path.join(source, name, "summary.json")):
+            continue
+        os.makedirs(os.path.join(target, name))
+        for file in RUN_RECORD:
+            if os.path.isfile(path := os.path.join(source, name, file)):
+                shutil.copy2(path, os.path.join(target, name, file))
+        runs += 1
+    for file in SWEEP_RECORD:
+        if os.path.isfile(path := os.path.join(source, file)):
+            shutil.copy2(path, os.path.join(target, file))
+    return runs
+
+
+def _install_report(written: str, copy: str, dest: str, study: str) -> None:
+    """Replace DEST's report files by those in `written`, the copy's path named runs/STUDY."""
+    for name in os.listdir(dest):
+        if name.endswith(REPORT_SUFFIXES) and name != "README.md":
+            os.remove(os.path.join(dest, name))
+    for name in sorted(os.listdir(written)):
+        path = os.path.join(written, name)
+        if not name.endswith(REPORT_SUFFIXES):
+            continue  # the report's W&B folder
+        if name.endswith(".png"):
+            shutil.copy2(path, os.path.join(dest, name))
+        else:
+            text = pathlib.Path(path).read_text().replace(copy, f"runs/{study}")
+            pathlib.Path(dest, name).write_text(text)
+
+
+def quote(claims_text: str, path: str) -> str:
+    """The README block quoting a claims.md at `path` (relative to the repository)."""
+    lines = claims_text.strip().splitlines()
+    body = "\n".join(">" + (" " + line if line else "") for line in lines)
+    return f"<!-- claims: {path} -->\n{body}\n<!-- end claims -->"
+
+
+def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
+    """Refresh `readme`'s quoted claims blocks, and its results-index verdict cell for STUDY;
+    return whether the text changed."""
+    text = readme.read_text()
+    new = _QUOTE.sub(lambda m: quote((root / m.group(1)).read_text(), m.group(1)), text)
+    claims = root / "experiments" / "results" / study / "claims.md"
+    if claims.exists():
+        verdicts = ", ".join(_VERDICT.findall(claims.read_text()))
+        link = re.escape(f"[{study}](experiments/results/{study}/README.md)")
+        new = re.sub(rf"\| [a-z, ]+ (\| {link} \|)", rf"| {verdicts} \g<1>", new)
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def repository_root(path: str) -> pathlib.Path | None:
+    """The nearest folder at or above `path` holding pyproject.toml, if any."""
+    for folder in [pathlib.Path(path).resolve(), *pathlib.Path(path).resolve().parents]:
+        if (folder / "pyproject.toml").is_file():
+            return folder
+    return None
+
+
+def publish(source: str, dest: str) -> tuple[int, list[str]]:
+    """Publish SOURCE into DEST; return (runs published, READMEs whose quotes changed)."""
+    check_paths(source, dest)
+    study = os.path.basename(os.path.normpath(dest))
+    parent = os.path.dirname(os.path.abspath(dest))
+    with tempfile.TemporaryDirectory(prefix=f".{study}-publishing-", dir=parent) as staging:
+        run_files, copy = os.path.join(staging, "run_files"), os.path.join(staging, study)
+        runs = copy_run_record(source, run_files)
+        shutil.copytree(run_files, copy)
+        written = report.write_report(copy)
+        os.makedirs(dest, exist_ok=True)
+        _install_report(written, copy, dest, study)
+        if os.path.exists(published := os.path.join(dest, "run_files")):
+            shutil.rmtree(published)
+        shutil.move(run_files, published)
+    root = repository_root(dest)
+    readmes = [pathlib.Path(dest, "README.md")] + ([root / "README.md"] if root else [])
+    changed = [str(doc) for doc in readmes
+               if doc.is_file() and root is not None and requote(doc, root, study)]
+    return runs, changed
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m scale_ablation.publish SOURCE_SWEEP_DIR DEST_STUDY_DIR",
+              file=sys.stderr)
+        return 2
+    try:
+        plugins.load(report.sweep_imports(argv[1]) if os.path.isdir(argv[1]) else [])
+        runs, changed = publish(argv[1], argv[2])
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"published {runs} runs and their report to {argv[2]}")
+    for doc in changed:
+        print(f"requoted {doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))

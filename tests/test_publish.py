@@ -1,0 +1,103 @@
+"""Publishing a sweep: its record files only, the report written from them, the READMEs requoted.
+The sweep published here is the headline study's own run files, so its report must come out as
+the committed one (itself checked by test_published against the same files)."""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+import re
+import shutil
+
+import pytest
+from helpers import REPO, snapshot
+
+from scale_ablation import publish
+
+HEADLINE = REPO / "experiments" / "results" / "headline"
+INDEX_ROW = "| Headline | 6 | contradicted | [headline](experiments/results/headline/README.md) |"
+
+
+def rows(path: pathlib.Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def sweep(tmp_path) -> pathlib.Path:
+    """The headline sweep as a finished run directory holds it: checkpoints and a W&B folder
+    beside the record files, and one run started but not finished."""
+    source = tmp_path / "runs" / "headline"
+    shutil.copytree(HEADLINE / "run_files", source)
+    for run in sorted(p for p in source.iterdir() if p.is_dir()):
+        (run / "checkpoints" / "10").mkdir(parents=True)
+        (run / "checkpoints" / "10" / "state").write_bytes(b"\0" * 64)
+        (run / "wandb").mkdir()
+        (run / "wandb_run_id.txt").write_text("abc\n")
+    (source / "policy=none,lr=0.01,seed=0").mkdir()
+    (source / "policy=none,lr=0.01,seed=0" / "config.json").write_text("{}")
+    return source
+
+
+@pytest.fixture
+def repository(tmp_path) -> pathlib.Path:
+    """A repository whose README indexes the study with stale verdicts and whose study README
+    quotes a stale claims.md."""
+    root = tmp_path / "repo"
+    study = root / "experiments" / "results" / "headline"
+    study.mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (root / "README.md").write_text(f"# x\n\n## Results\n\n{INDEX_ROW}\n")
+    (study / "README.md").write_text(
+        "# Headline\n\n<!-- claims: experiments/results/headline/claims.md -->\n> # old\n"
+        "<!-- end claims -->\n")
+    (study / "old_plot.png").write_bytes(b"stale")
+    return root
+
+
+def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep, repository):
+    before = snapshot(sweep)
+    dest = repository / "experiments" / "results" / "headline"
+    runs, changed = publish.publish(str(sweep), str(dest))
+
+    finished = sorted(p.name for p in sweep.iterdir() if (p / "summary.json").is_file())
+    assert runs == len(finished) == 6
+    published = sorted(p.name for p in (dest / "run_files").iterdir() if p.is_dir())
+    assert published == finished
+    for name in finished:
+        kept = sorted(p.name for p in (dest / "run_files" / name).iterdir())
+        assert kept == sorted(p.name for p in (HEADLINE / "run_files" / name).iterdir())
+    assert (dest / "run_files" / "sweep.json").read_bytes() == (sweep / "sweep.json").read_bytes()
+    assert snapshot(sweep) == before  # the source is only read
+
+    assert rows(dest / "summary.csv") == rows(HEADLINE / "summary.csv")
+    assert (dest / "claims.md").read_text() == (HEADLINE / "claims.md").read_text()
+    pngs = sorted(p.name for p in dest.glob("*.png"))
+    assert pngs == sorted(p.name for p in HEADLINE.glob("*.png"))  # the stale plot is gone
+    assert not [p.name for p in dest.parent.iterdir() if p.name.startswith(".")]  # no staging
+
+    claims = (dest / "claims.md").read_text()
+    assert publish.quote(claims, "experiments/results/headline/claims.md") in (
+        dest / "README.md").read_text()
+    verdicts = ", ".join(re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", claims))
+    assert INDEX_ROW.replace("| contradicted |", f"| {verdicts} |") in (
+        repository / "README.md").read_text()
+    assert sorted(changed) == sorted([str(dest / "README.md"), str(repository / "README.md")])
+
+
+@pytest.mark.parametrize("case", ["no_sweep_record", "nothing_finished", "dest_inside_source"])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, sweep, capsys, case):
+    dest = tmp_path / "results" / "headline"
+    dest.parent.mkdir()
+    if case == "no_sweep_record":
+        (sweep / "sweep.json").unlink()
+    elif case == "nothing_finished":
+        for summary in sweep.glob("*/summary.json"):
+            summary.unlink()
+    else:
+        dest = sweep / "published"
+    before = snapshot(tmp_path)
+    assert publish.main(["publish", str(sweep), str(dest)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert snapshot(tmp_path) == before
