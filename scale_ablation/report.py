@@ -169,9 +169,12 @@ def sweep_imports(sweep_dir: str) -> list[str]:
     return _sweep_record(sweep_dir).get("imports") or []
 
 
-def write_report(sweep_dir: str, reference: str | None = None, workspace: bool = False) -> str:
+def write_report(sweep_dir: str, reference: str | None = None, workspace: bool = False,
+                 plots: bool = True) -> str:
     """Write sweep_dir/report/ and return its path. `reference`: the policy others are paired
-    against (default inv_sqrt_dk); one named explicitly must have runs in the sweep."""
+    against (default inv_sqrt_dk); one named explicitly must have runs in the sweep. `plots`:
+    False writes the tables and claims only (what a check of them needs, at a fraction of the
+    time)."""
     runs = load_runs(sweep_dir)
     if not runs:
         raise ValueError(f"no runs with a config.json under {sweep_dir}")
@@ -188,7 +191,8 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
     warning = repeated_data_warning(rows)
     if warning:  # inserted last, so it comes first, right after the noise floor
         _insert_after_noise_floor(os.path.join(out, "summary.md"), warning)
-    report_plots.write_plots(runs, rows, out)
+    if plots:
+        report_plots.write_plots(runs, rows, out)
     spec = _experiment_spec(sweep_dir)
     if spec is not None:
         write_claims(load_claims(spec), spec, sweep_dir, rows, os.path.join(out, "claims.md"),

@@ -75,14 +75,15 @@ def baseline_line(rows: list[dict], key: str) -> list[str]:
 
 
 def grid_table(rows: list[dict], key: str, title: str, digits: int = 3) -> list[str]:
-    variants = list(dict.fromkeys(cmp.variant(r) for r in rows))
+    groups: dict[str, dict[int, list[dict]]] = {}  # variant -> d_k -> rows, in first-seen order
+    for r in rows:
+        groups.setdefault(cmp.variant(r), {}).setdefault(r["d_k"], []).append(r)
     head_dims = sorted({r["d_k"] for r in rows})
     lines = [f"# {title}", "", *baseline_line(rows, key),
              "| policy | " + " | ".join(f"d_k={d}" for d in head_dims) + " |",
              "|---|" + "---|" * len(head_dims)]
-    for name in variants:
-        cells = [cell([r for r in rows if cmp.variant(r) == name and r["d_k"] == d], key, digits)
-                 for d in head_dims]
+    for name, by_dk in groups.items():
+        cells = [cell(by_dk.get(d, []), key, digits) for d in head_dims]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
