@@ -31,7 +31,8 @@ run.
 
 Variants and budget:
 - `cpu` (2 cores): d_model 128, 2 layers, 4 heads of value width 32, d_k = qk_dim 8…256 (6
-  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs of 400
+  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs (795
+  with the points the passes added: `WIDER_C`, `WIDER_LR`, `WIDER_C_LRS`) of 400
   steps × 16 × 64 bytes (0.085 passes over the plays each; a first run at 300 steps of c = 1,
   LR 5e-3, d_k 32 ended only 0.30 (fan_in) and 0.36 (gpt2) bits per byte below the bigram line,
   too close to the 0.3 the study must clear). Budget: 7.3e14 train FLOPs (`--plan`). Measured
@@ -70,12 +71,22 @@ SIZES = {
 # fan_in, first pass: c* on the low edge (0.25) at d_k 128 and 256; 1/√d_k's best LR on the low
 # edge at d_k 32 and 64, and c = 0.5's at 256, each the best c's neighbour. Second: c* 0.125 on
 # the edge at 256, and at 64 halfway through training.
-WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {("fan_in", 64): (0.125,),
-                                                     ("fan_in", 128): (0.125,),
-                                                     ("fan_in", 256): (0.0625, 0.125)}
+# gpt2, first pass: the best c (4, the top) and its best LR (the bottom) on their edges at every
+# d_k, and c = 2's best LR on the bottom edge.
+CPU_QK_DIMS = SIZES["cpu"][2]
+WIDER_C: dict[tuple[str, int], tuple[float, ...]] = {
+    ("fan_in", 64): (0.125,), ("fan_in", 128): (0.125,), ("fan_in", 256): (0.0625, 0.125),
+    **{("gpt2", qk_dim): (8.0, 16.0) for qk_dim in CPU_QK_DIMS}}
 WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {
     ("fan_in", 32, 1.0): (1.25e-3,), ("fan_in", 64, 1.0): (1.25e-3,),
-    ("fan_in", 256, 0.5): (1.25e-3,), ("fan_in", 256, 0.0625): (2e-2,)}
+    ("fan_in", 256, 0.5): (1.25e-3,), ("fan_in", 256, 0.0625): (2e-2,),
+    # the halfway budget's best LR on the low edge
+    ("fan_in", 8, 1.0): (1.25e-3,), ("fan_in", 16, 1.0): (1.25e-3,), ("fan_in", 128, 0.5): (1.25e-3,),
+    **{("gpt2", qk_dim, 4.0): (6.25e-4, 1.25e-3) for qk_dim in CPU_QK_DIMS},
+    **{("gpt2", qk_dim, 2.0): (1.25e-3,) for qk_dim in CPU_QK_DIMS}}
+# The LR grid of an added C, by init (default: the study's). gpt2's added C are larger scales
+# than its first pass's best, whose best LR was already its grid's lowest: theirs starts lower.
+WIDER_C_LRS: dict[str, tuple[float, ...]] = {"gpt2": (6.25e-4, 1.25e-3, 2.5e-3, 5e-3)}
 
 
 def get_config(arg: str | None = None):
@@ -108,14 +119,16 @@ def policy_of(c: float) -> str:
 
 def sweep(arg: str | None = None) -> list[dict]:
     _, _, qk_dims, cs, lrs, seeds, inits = SIZES[arg]
-    wider_c, wider_lr = (WIDER_C, WIDER_LR) if arg == "cpu" else ({}, {})
+    wider_c, wider_lr, wider_c_lrs = ((WIDER_C, WIDER_LR, WIDER_C_LRS) if arg == "cpu"
+                                      else ({}, {}, {}))
     points = []
     for init in inits:
         for qk_dim in qk_dims:
             for c in base.lr_grid_for((init, qk_dim), cs, wider_c):
+                c_lrs = lrs if c in cs else wider_c_lrs.get(init, lrs)
                 points += [{"policy": policy_of(c), "model.qk_dim": qk_dim, "model.init": init,
                             "train.lr": float(f"{lr:.3g}"), "train.seed": seed}
-                           for lr in base.lr_grid_for((init, qk_dim, c), lrs, wider_lr)
+                           for lr in base.lr_grid_for((init, qk_dim, c), c_lrs, wider_lr)
                            for seed in seeds]
     return points
 
