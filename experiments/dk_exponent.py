@@ -42,10 +42,13 @@ Variants and budget:
   are shared in the one sweep process). `--plan` (no throughput table for CPUs: 40% of a
   measured matmul peak) says 6.5-7.1 h depending on the peak it measures.
 - default (one accelerator): d_model 512, 4 layers, 8 heads of value width 64, d_k 16…1024 (7),
-  C ∈ {1/4 … 8} (6), 3 LRs ×2 around 3e-3, 3 seeds, both inits: 756 runs of 2000 steps × 64 ×
-  512 bytes of WikiText-103 (0.12 passes; the `gpu` base variant's local copy), on the
-  reference attention path. `--plan --device=H200`: 6.3e18 train FLOPs, 5.2 device-hours at
-  the planner's assumed 40% MFU.
+  C ∈ {1/16 … 8} (8), 3 LRs ×2 around 3e-3, 3 seeds, both inits: 1008 runs of 2000 steps × 64
+  × 512 bytes of WikiText-103 (0.12 passes; the `gpu` base variant's local copy), on the
+  reference attention path. `--plan --device=H200`: 8.4e18 train FLOPs, 5.9 device-hours at
+  the planner's assumed 40% MFU. The grid reaches 1/16 because the cpu variant's fan_in C* fell
+  with d_k (0.44 at 8 to 0.14 at 256: about 0.1 at 1024 if it goes on); its gpt2 C* sat at 4 or
+  above at d_model 128, but gpt2's q and k entries grow as √d_model, so at 512 its logits are
+  ~4× larger and its C* ~4× smaller, inside the grid.
 - `quick` (tests): d_model 32, 2 heads, d_k {8, 32}, C {1/2, 1, 2}, two LRs, one seed, one init,
   a few seconds a run.
 """
@@ -62,7 +65,7 @@ SIZES = {
     "cpu": ((128, 4, 2), (400, 16, 64), (8, 16, 32, 64, 128, 256),
             tuple(2.0**k for k in range(-2, 3)), (2.5e-3, 5e-3, 1e-2), (0, 1, 2), INITS),
     None: ((512, 8, 4), (2000, 64, 512), tuple(16 * 2**k for k in range(7)),
-           tuple(2.0**k for k in range(-2, 4)), base.lr_grid_around(3e-3, points=3),
+           tuple(2.0**k for k in range(-4, 4)), base.lr_grid_around(3e-3, points=3),
            base.ACCELERATOR_SEEDS, INITS),
 }
 # The cpu variant's points added after its first pass, where a C* or a best C's (or its
