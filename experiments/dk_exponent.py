@@ -85,6 +85,7 @@ WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {
     ("fan_in", 256, 0.5): (1.25e-3,), ("fan_in", 256, 0.0625): (2e-2,),
     # the halfway budget's best LR on the low edge
     ("fan_in", 8, 1.0): (1.25e-3,), ("fan_in", 16, 1.0): (1.25e-3,), ("fan_in", 128, 0.5): (1.25e-3,),
+    ("fan_in", 16, 2.0): (1.25e-3,),  # then c = 2's, the best c's neighbour at d_k 16
     **{("gpt2", qk_dim, 4.0): (6.25e-4, 1.25e-3) for qk_dim in CPU_QK_DIMS},
     **{("gpt2", qk_dim, 2.0): (1.25e-3,) for qk_dim in CPU_QK_DIMS}}
 # The LR grid of an added C, by init (default: the study's). gpt2's added C are larger scales
