@@ -31,7 +31,7 @@ run.
 
 Variants and budget:
 - `cpu` (2 cores): d_model 128, 2 layers, 4 heads of value width 32, d_k = qk_dim 8…256 (6
-  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs (795
+  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs (798
   with the points the passes added: `WIDER_C`, `WIDER_LR`, `WIDER_C_LRS`) of 400
   steps × 16 × 64 bytes (0.085 passes over the plays each; a first run at 300 steps of c = 1,
   LR 5e-3, d_k 32 ended only 0.30 (fan_in) and 0.36 (gpt2) bits per byte below the bigram line,

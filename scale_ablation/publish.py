@@ -71,9 +71,10 @@ def copy_run_record(source: str, target: str) -> int:
 
 
 def _install_report(written: str, copy: str, dest: str, study: str) -> None:
-    """Replace DEST's report files by those in `written`, the copy's path named runs/STUDY."""
+    """Replace DEST's report files by those in `written`, the copy's path named runs/STUDY.
+    Plots the new report no longer draws go; other hand-written files (README.md) stay."""
     for name in os.listdir(dest):
-        if name.endswith(REPORT_SUFFIXES) and name != "README.md":
+        if name.endswith(".png") and not os.path.exists(os.path.join(written, name)):
             os.remove(os.path.join(dest, name))
     for name in sorted(os.listdir(written)):
         path = os.path.join(written, name)
@@ -132,10 +133,10 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
             shutil.rmtree(published)
         shutil.move(run_files, published)
     root = repository_root(dest)
-    readmes = [pathlib.Path(dest, "README.md")] + ([root / "README.md"] if root else [])
-    changed = [str(doc) for doc in readmes
-               if doc.is_file() and root is not None and requote(doc, root, study)]
-    return runs, changed
+    if root is None:  # no repository to resolve the quoted paths against
+        return runs, []
+    readmes = [pathlib.Path(dest, "README.md"), root / "README.md"]
+    return runs, [str(doc) for doc in readmes if doc.is_file() and requote(doc, root, study)]
 
 
 def main(argv: list[str]) -> int:
