@@ -11,6 +11,11 @@ summary.csv, summary.md, claims.md and plots go beside run_files, with the copy'
 DEST/claims.md between `<!-- claims: PATH -->` markers (DEST's own, the repository's) gets the new
 text, and the repository README's results-index row for STUDY its new verdicts.
 
+The record files alone mark a run finished, so a sweep directory seeded from them trains only
+what is missing: `cp -r DEST/run_files runs/STUDY`, then the study's sweep command, resumes a
+study on a machine that kept nothing (tests/test_publish.py). Publishing as each ensemble
+lands is how a sweep longer than a session outlives its machine.
+
 SOURCE is only read. Everything is built in a staging folder beside DEST first; DEST's previous
 report files and run_files are replaced only once the new report has been written.
 """

@@ -5,9 +5,12 @@ the committed one (itself checked by test_published against the same files)."""
 from __future__ import annotations
 
 import csv
+import os
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 from helpers import REPO, snapshot
@@ -101,3 +104,22 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, sweep, capsys
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ")
     assert snapshot(tmp_path) == before
+
+
+def test_a_sweep_seeded_with_published_run_files_trains_nothing(tmp_path):
+    """A machine that comes back empty resumes a study from what was published: the record files
+    alone mark every run finished, so the sweep compiles nothing and leaves every run's files
+    as they were."""
+    sweep_dir = tmp_path / "runs" / "headline"
+    shutil.copytree(HEADLINE / "run_files", sweep_dir)
+    before = snapshot(sweep_dir)
+    done = subprocess.run(
+        [sys.executable, "-m", "scale_ablation.sweep", f"--config={REPO}/experiments/headline.py",
+         f"--workdir={sweep_dir}"], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "WANDB_MODE": "disabled"}, check=True).stdout
+    runs = sum(1 for p in (HEADLINE / "run_files").iterdir() if p.is_dir())
+    assert f"[sweep] {runs}/{runs} done, 0 running, 0 failed" in done
+    assert "[sweep] compiled 0 programs" in done
+    def run_files(tree: dict) -> dict:  # the sweep's own record (sweep.json, .lock) is its to write
+        return {k: v for k, v in tree.items() if k.startswith("policy=")}
+    assert run_files(snapshot(sweep_dir)) == run_files(before) != {}
