@@ -1,6 +1,7 @@
 r"""Publish a sweep for review: its run files and the report written from them, into the repository.
 
   python -m scale_ablation.publish runs/dk_exponent_cpu experiments/results/dk_exponent_cpu
+  python -m scale_ablation.publish --record_only runs/dk_sweep_cpu experiments/pending/dk_sweep_cpu
 
 DEST/run_files gets each finished run's record of truth (`records.run_files`: config.json,
 metrics.jsonl, summary.json, train_losses.jsonl; no checkpoints, no W&B folder) and the sweep's
@@ -13,8 +14,11 @@ text, and the repository README's results-index row for STUDY its new verdicts.
 
 The record files alone mark a run finished, so a sweep directory seeded from them trains only
 what is missing: `cp -r DEST/run_files runs/STUDY`, then the study's sweep command, resumes a
-study on a machine that kept nothing (tests/test_publish.py). Publishing as each ensemble
-lands is how a sweep longer than a session outlives its machine.
+study on a machine that kept nothing (tests/test_publish.py). `--record_only` writes DEST/run_files
+and nothing else, no report and no README: the stash of a sweep still running, committed as each
+ensemble lands so that a sweep longer than a session outlives its machine
+(`launch/cpu_studies.sh`). Stashes go under experiments/pending/, not results/, where every
+run_files folder must regenerate the report beside it.
 
 SOURCE is only read. Everything is built in a staging folder beside DEST first; DEST's previous
 report files and run_files are replaced only once the new report has been written.
@@ -29,7 +33,7 @@ import shutil
 import sys
 import tempfile
 
-from absl import app
+from absl import app, flags
 
 from scale_ablation import report
 from scale_ablation.model import plugins
@@ -122,6 +126,18 @@ def repository_root(path: str) -> pathlib.Path | None:
     return None
 
 
+def stash(source: str, dest: str) -> int:
+    """Replace DEST/run_files by SOURCE's finished runs' record files; return how many."""
+    check_paths(source, dest)
+    os.makedirs(dest, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".run_files-", dir=dest) as staging:
+        runs = copy_run_record(source, os.path.join(staging, "run_files"))
+        if os.path.exists(stashed := os.path.join(dest, "run_files")):
+            shutil.rmtree(stashed)
+        shutil.move(os.path.join(staging, "run_files"), stashed)
+    return runs
+
+
 def publish(source: str, dest: str) -> tuple[int, list[str]]:
     """Publish SOURCE into DEST; return (runs published, READMEs whose quotes changed)."""
     check_paths(source, dest)
@@ -144,12 +160,15 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
     return runs, [str(doc) for doc in readmes if doc.is_file() and requote(doc, root, study)]
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], record_only: bool = False) -> int:
     if len(argv) != 3:
-        print("usage: python -m scale_ablation.publish SOURCE_SWEEP_DIR DEST_STUDY_DIR",
-              file=sys.stderr)
+        print("usage: python -m scale_ablation.publish [--record_only] SOURCE_SWEEP_DIR "
+              "DEST_STUDY_DIR", file=sys.stderr)
         return 2
     try:
+        if record_only:
+            print(f"stashed {stash(argv[1], argv[2])} runs' record files in {argv[2]}/run_files")
+            return 0
         plugins.load(report.sweep_imports(argv[1]) if os.path.isdir(argv[1]) else [])
         runs, changed = publish(argv[1], argv[2])
     except ValueError as error:
@@ -162,4 +181,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    flags.DEFINE_bool("record_only", False, "Write DEST/run_files only (no report, no README): "
+                      "the stash of a sweep still running.")
+    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.record_only)))

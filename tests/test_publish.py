@@ -106,12 +106,27 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, sweep, capsys
     assert snapshot(tmp_path) == before
 
 
-def test_a_sweep_seeded_with_published_run_files_trains_nothing(tmp_path):
-    """A machine that comes back empty resumes a study from what was published: the record files
-    alone mark every run finished, so the sweep compiles nothing and leaves every run's files
-    as they were."""
-    sweep_dir = tmp_path / "runs" / "headline"
-    shutil.copytree(HEADLINE / "run_files", sweep_dir)
+
+def files(folder: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_stash_is_the_finished_runs_record_files_and_nothing_else(tmp_path, sweep):
+    dest = tmp_path / "pending" / "headline"
+    dest.parent.mkdir()
+    (dest / "run_files" / "stale").mkdir(parents=True)  # an earlier stash's: replaced
+    assert publish.main(["publish", str(sweep), str(dest)], record_only=True) == 0
+    assert [p.name for p in dest.iterdir()] == ["run_files"]
+    assert files(dest / "run_files") == files(HEADLINE / "run_files")
+
+
+def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
+    """A machine that comes back empty resumes a study from its stash: the record files alone
+    mark every run finished, so the sweep compiles nothing and leaves every run's files as they
+    were."""
+    publish.stash(str(sweep), str(tmp_path / "stash"))
+    sweep_dir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "stash" / "run_files", sweep_dir)
     before = snapshot(sweep_dir)
     done = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={REPO}/experiments/headline.py",
@@ -120,6 +135,7 @@ def test_a_sweep_seeded_with_published_run_files_trains_nothing(tmp_path):
     runs = sum(1 for p in (HEADLINE / "run_files").iterdir() if p.is_dir())
     assert f"[sweep] {runs}/{runs} done, 0 running, 0 failed" in done
     assert "[sweep] compiled 0 programs" in done
+
     def run_files(tree: dict) -> dict:  # the sweep's own record (sweep.json, .lock) is its to write
         return {k: v for k, v in tree.items() if k.startswith("policy=")}
     assert run_files(snapshot(sweep_dir)) == run_files(before) != {}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Run the published CPU studies to their reports, one after another, on a machine that may keep
+# nothing between sessions:
+#
+#   bash launch/cpu_studies.sh --list                # the studies, their commands, in order
+#   bash launch/cpu_studies.sh [--commit] [STUDY ...] # default: every study, in the order listed
+#
+# For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
+# by an earlier, interrupted session), the study's sweep runs in the background, and each time
+# more runs finish their record files are stashed again (`publish --record_only`; with
+# --commit, the stash alone is committed). When the sweep ends it is published into
+# experiments/results/STUDY (report, run files, the READMEs' quotes) and the stash goes.
+# Only what is not yet finished trains, so rerunning this after an interruption resumes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# study: config and the sweep's flags (its README's command). Order: the issue's importance.
+declare -A COMMAND=(
+  [dk_exponent_cpu]="--config=experiments/dk_exponent.py:cpu"
+  [dk_sweep_cpu]="--config=experiments/dk_sweep.py:cpu --refine"
+  [mqar_cpu]="--config=experiments/mqar.py:cpu --refine --refine_rounds=1"
+  [lr_sensitivity_cpu]="--config=experiments/lr_sensitivity.py:cpu --refine"
+  [learned_scale_cpu]="--config=experiments/learned_scale.py:cpu --refine"
+  [precision_cpu]="--config=experiments/precision.py:cpu --refine"
+  [stability_cpu]="--config=experiments/stability.py:cpu --refine"
+  [init_gain_cpu]="--config=experiments/init_gain.py:cpu --refine"
+  [norm_placement_cpu]="--config=experiments/norm_placement.py:cpu --refine"
+  [length_generalization_cpu]="--config=experiments/length_generalization.py:cpu --refine"
+)
+ORDER=(dk_exponent_cpu dk_sweep_cpu mqar_cpu lr_sensitivity_cpu learned_scale_cpu precision_cpu
+       stability_cpu init_gain_cpu norm_placement_cpu length_generalization_cpu)
+POLL_SECONDS=${POLL_SECONDS:-60}
+
+die() { echo "cpu_studies.sh: $*" >&2; exit 2; }
+finished() { compgen -G "runs/$1/*/summary.json" | wc -l; }
+
+commit=0 studies=()
+for arg in "$@"; do
+  case $arg in
+    --list) for s in "${ORDER[@]}"; do
+              echo "$s: python -m scale_ablation.sweep ${COMMAND[$s]} --workdir=runs/$s"; done
+            exit 0 ;;
+    --commit) commit=1 ;;
+    -*) die "unknown flag $arg (flags: --list, --commit)" ;;
+    *) [[ -v COMMAND[$arg] ]] || die "unknown study $arg (--list names them)"; studies+=("$arg") ;;
+  esac
+done
+((${#studies[@]})) || studies=("${ORDER[@]}")
+
+# Stash (and with --commit, commit) the finished runs of STUDY if more have landed than $stashed.
+stash() {
+  local study=$1 pending=experiments/pending/$1 now
+  now=$(finished "$study")
+  ((now > stashed)) || return 0
+  # A failed stash or commit (another git command holding the index) is retried at the next
+  # poll; it must not end this script while the sweep trains on.
+  python -m scale_ablation.publish --record_only "runs/$study" "$pending" || return 0
+  if ((commit)); then
+    git add "$pending" && git commit -q -m "$study: $now finished runs stashed, the sweep \
+still running" -- "$pending" || { echo "cpu_studies.sh: commit failed; retried" >&2; return 0; }
+  fi
+  stashed=$now
+}
+
+run_study() {
+  local study=$1 pending=experiments/pending/$1 pid
+  mkdir -p "runs/$study"
+  [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "runs/$study/"
+  stashed=$(finished "$study")
+  # shellcheck disable=SC2086  # the flags are words
+  python -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=runs/$study" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do sleep "$POLL_SECONDS"; stash "$study"; done
+  wait "$pid" || die "$study: the sweep failed; its finished runs are stashed in $pending"
+  python -m scale_ablation.publish "runs/$study" "experiments/results/$study"
+  local paths=("experiments/results/$study" README.md)
+  if ((commit)) && git ls-files --error-unmatch "$pending" >/dev/null 2>&1; then
+    git rm -rq "$pending" && paths+=("$pending")
+  fi
+  rm -rf "$pending"
+  if ((commit)); then
+    git add "experiments/results/$study"
+    git commit -q -m "$study: published from its $(finished "$study") run files" -- "${paths[@]}"
+  fi
+}
+
+for study in "${studies[@]}"; do run_study "$study"; done
