@@ -9,7 +9,8 @@
 # by an earlier, interrupted session), the study's sweep runs in the background, and each time
 # more runs finish their record files are stashed again (`publish --record_only`; with
 # --commit, the stash alone is committed). When the sweep ends it is published into
-# experiments/results/STUDY (report, run files, the READMEs' quotes) and the stash goes.
+# experiments/results/STUDY (report, run files, the READMEs' quotes), the monitoring bands are
+# recomputed (experiments/results/monitoring_bands.md) and the stash goes.
 # Only what is not yet finished trains, so rerunning this after an interruption resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,7 +74,8 @@ run_study() {
   while kill -0 "$pid" 2>/dev/null; do sleep "$POLL_SECONDS"; stash "$study"; done
   wait "$pid" || die "$study: the sweep failed; its finished runs are stashed in $pending"
   python -m scale_ablation.publish "runs/$study" "experiments/results/$study"
-  local paths=("experiments/results/$study" README.md)
+  python -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
+  local paths=("experiments/results/$study" experiments/results/monitoring_bands.md README.md)
   if ((commit)) && git ls-files --error-unmatch "$pending" >/dev/null 2>&1; then
     git rm -rq "$pending" && paths+=("$pending")
   fi
