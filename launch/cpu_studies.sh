@@ -47,6 +47,8 @@ for arg in "$@"; do
   esac
 done
 ((${#studies[@]})) || studies=("${ORDER[@]}")
+python=${VENV:-.venv}/bin/python
+[[ -x $python ]] || die "no $python: make the venv first (the README's install line) or set VENV"
 
 # Stash (and with --commit, commit) the finished runs of STUDY if more have landed than $stashed.
 stash() {
@@ -55,7 +57,7 @@ stash() {
   ((now > stashed)) || return 0
   # A failed stash or commit (another git command holding the index) is retried at the next
   # poll; it must not end this script while the sweep trains on.
-  python -m scale_ablation.publish --record_only "runs/$study" "$pending" || return 0
+  "$python" -m scale_ablation.publish --record_only "runs/$study" "$pending" || return 0
   if ((commit)); then
     git add "$pending" && git commit -q -m "$study: $now finished runs stashed, the sweep \
 still running" -- "$pending" || { echo "cpu_studies.sh: commit failed; retried" >&2; return 0; }
@@ -69,12 +71,15 @@ run_study() {
   [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "runs/$study/"
   stashed=$(finished "$study")
   # shellcheck disable=SC2086  # the flags are words
-  python -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=runs/$study" &
+  "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=runs/$study" &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do sleep "$POLL_SECONDS"; stash "$study"; done
-  wait "$pid" || die "$study: the sweep failed; its finished runs are stashed in $pending"
-  python -m scale_ablation.publish "runs/$study" "experiments/results/$study"
-  python -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
+  local code=0
+  wait "$pid" || code=$?
+  stash "$study"
+  ((code == 0)) || die "$study: the sweep exited $code; its finished runs are stashed in $pending"
+  "$python" -m scale_ablation.publish "runs/$study" "experiments/results/$study"
+  "$python" -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
   local paths=("experiments/results/$study" experiments/results/monitoring_bands.md README.md)
   if ((commit)) && git ls-files --error-unmatch "$pending" >/dev/null 2>&1; then
     git rm -rq "$pending" && paths+=("$pending")
@@ -86,4 +91,6 @@ run_study() {
   fi
 }
 
-for study in "${studies[@]}"; do run_study "$study"; done
+# One line, read whole before it runs: editing this file (or pulling a new one) while a
+# programme runs cannot change what the running one does next.
+for study in "${studies[@]}"; do run_study "$study"; done; exit 0
