@@ -10,7 +10,8 @@
 # more runs finish their record files are stashed again (`publish --record_only`; with
 # --commit, the stash alone is committed). When the sweep ends it is published into
 # experiments/results/STUDY (report, run files, the READMEs' quotes), the monitoring bands are
-# recomputed (experiments/results/monitoring_bands.md) and the stash goes.
+# recomputed (experiments/results/monitoring_bands.md) and the stash goes. A study published for
+# the first time is left uncommitted, its stash kept: its write-up is a person's to write.
 # Only what is not yet finished trains, so rerunning this after an interruption resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,6 +81,11 @@ run_study() {
   ((code == 0)) || die "$study: the sweep exited $code; its finished runs are stashed in $pending"
   "$python" -m scale_ablation.publish "runs/$study" "experiments/results/$study"
   "$python" -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
+  if [[ ! -f experiments/results/$study/README.md ]]; then  # a study published the first time
+    echo "cpu_studies.sh: $study is published but not committed: write its README and its" \
+      "results-index row (tests/test_readme.py), then commit it and remove $pending" >&2
+    return 0
+  fi
   local paths=("experiments/results/$study" experiments/results/monitoring_bands.md README.md)
   if ((commit)) && git ls-files --error-unmatch "$pending" >/dev/null 2>&1; then
     git rm -rq "$pending" && paths+=("$pending")
