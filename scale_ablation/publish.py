@@ -104,15 +104,16 @@ def quote(claims_text: str, path: str) -> str:
 
 
 def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
-    """Refresh `readme`'s quoted claims blocks, and its results-index verdict cell for STUDY;
-    return whether the text changed."""
+    """Refresh `readme`'s quoted claims blocks, and its results-index row for STUDY (the runs
+    published, the verdicts); return whether the text changed."""
     text = readme.read_text()
     new = _QUOTE.sub(lambda m: quote((root / m.group(1)).read_text(), m.group(1)), text)
-    claims = root / "experiments" / "results" / study / "claims.md"
-    if claims.exists():
-        verdicts = ", ".join(_VERDICT.findall(claims.read_text()))
+    published = root / "experiments" / "results" / study
+    if (published / "claims.md").exists():
+        verdicts = ", ".join(_VERDICT.findall((published / "claims.md").read_text()))
+        runs = sum(p.is_dir() for p in (published / "run_files").iterdir())
         link = re.escape(f"[{study}](experiments/results/{study}/README.md)")
-        new = re.sub(rf"\| [a-z, ]+ (\| {link} \|)", rf"| {verdicts} \g<1>", new)
+        new = re.sub(rf"\| \d+ \| [a-z, ]+ (\| {link} \|)", rf"| {runs} | {verdicts} \g<1>", new)
     if new != text:
         readme.write_text(new)
     return new != text

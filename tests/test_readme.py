@@ -162,7 +162,10 @@ def test_the_results_index_links_every_study_with_its_computed_verdicts():
     for doc in STUDY_READMES:
         claims = (doc.parent / "claims.md").read_text()
         verdicts = ", ".join(re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", claims))
-        assert f"| {verdicts} | [{doc.parent.name}](experiments/results/{doc.parent.name}/README.md) |" in index
+        row = f"| {verdicts} | [{doc.parent.name}](experiments/results/{doc.parent.name}/README.md) |"
+        assert row in index
+        if (run_files := doc.parent / "run_files").is_dir():  # published runs, counted
+            assert f"| {sum(p.is_dir() for p in run_files.iterdir())} {row}" in index
 
 
 def test_the_readme_is_a_reference_not_a_results_dump():
