@@ -21,7 +21,7 @@ import sys
 
 from absl import app, flags
 
-from scale_ablation.analysis import baselines, failures
+from scale_ablation.analysis import baselines, consumption, failures
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import plots as report_plots
 from scale_ablation.analysis import tables as report_tables
@@ -188,6 +188,8 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
     incomplete = incomplete_runs(sweep_dir)
     write_incomplete_notice(os.path.join(out, "summary.md"), incomplete)
+    _insert_after_noise_floor(os.path.join(out, "summary.md"),
+                              consumption.lines([run["summary"] for run in runs]))
     warning = repeated_data_warning(rows)
     if warning:  # inserted last, so it comes first, right after the noise floor
         _insert_after_noise_floor(os.path.join(out, "summary.md"), warning)

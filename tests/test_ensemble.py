@@ -266,6 +266,10 @@ def test_a_sweep_with_ensembles_ends_as_one_without(tmp_path):
         got = read_json(tmp_path / "ensemble" / run["name"] / "summary.json")
         want = read_json(tmp_path / "solo" / run["name"] / "summary.json")
         assert got.keys() == want.keys() and got["status"] == want["status"] == "completed"
+        # Who trained together, as the console announced it: one ensemble of 4, or alone.
+        first = re.search(r"\[sweep\] ensemble of 4: (\S+?)(, |\n)", with_ensembles.stdout).group(1)
+        assert (got["ensemble"], got["ensemble_members"]) == (first, 4)
+        assert (want["ensemble"], want["ensemble_members"]) == (run["name"], 1)
         for field in ("final_train_loss", "final_val_loss", "final_val_bpb"):
             assert got[field] == pytest.approx(want[field], rel=RTOL), (run["name"], field)
 

@@ -44,8 +44,12 @@ SUMMARY_FIELDS = (
     # The series spike_step was judged on: "every_step" (train_losses.jsonl) or "logged_rows"
     # (a run resumed from one made before every step's loss was kept); null in older runs.
     "spike_judged_on",
-    "wall_seconds",
+    "wall_seconds",  # of its whole ensemble's loop, which the run shared
     "tokens_per_second",
+    # The ensemble it trained in: its first member's directory name and how many members it
+    # had (1: alone), so that a sweep's wall time is a sum over ensembles, not over runs.
+    "ensemble",
+    "ensemble_members",
     # What the run consumed and what reproduces it (`provenance`).
     "parameters",
     "non_embedding_parameters",

@@ -313,6 +313,8 @@ def _loop(members: list[Member], pipelined: bool) -> None:
     state = axis.stack([m.run.take_state() for m in members])
     for index, member in enumerate(members):
         member.begin(axis.member_state(state, index))
+        member.summary_fields.update(ensemble=os.path.basename(os.path.abspath(first.run.workdir)),
+                                     ensemble_members=len(members))
     active = list(range(len(members)))
 
     def dispatch(state: TrainState, step: int) -> _InFlight:

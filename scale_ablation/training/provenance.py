@@ -71,8 +71,17 @@ def environment() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     device = jax.devices()[0]
+    # The host's CPUs too: on a CPU the device is the host, and its speed is their number's.
     return {"versions": versions, **_git_state(), "device_kind": device.device_kind,
-            "device_count": jax.device_count(), "process_count": jax.process_count()}
+            "device_count": jax.device_count(), "process_count": jax.process_count(),
+            "host_cpus": _host_cpus()}
+
+
+def _host_cpus() -> int | None:
+    """The CPUs this process may run on (all of the host's where the OS cannot say: macOS)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def _git_state() -> dict[str, Any]:
