@@ -58,6 +58,7 @@ stash() {
   ((now > stashed)) || return 0
   # A failed stash or commit (another git command holding the index) is retried at the next
   # poll; it must not end this script while the sweep trains on.
+  mkdir -p experiments/pending
   "$python" -m scale_ablation.publish --record_only "runs/$study" "$pending" || return 0
   if ((commit)); then
     git add "$pending" && git commit -q -m "$study: $now finished runs stashed, the sweep \
