@@ -71,7 +71,9 @@ run_study() {
   local study=$1 pending=experiments/pending/$1 pid
   mkdir -p "runs/$study"
   [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "runs/$study/"
-  stashed=$(finished "$study")
+  # What the stash holds, not what runs/ holds: runs finished before an interruption are
+  # stashed at the first poll.
+  stashed=$(compgen -G "$pending/run_files/*/summary.json" | wc -l)
   # shellcheck disable=SC2086  # the flags are words
   "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=runs/$study" &
   pid=$!
