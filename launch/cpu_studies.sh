@@ -34,7 +34,13 @@ ORDER=(dk_exponent_cpu dk_sweep_cpu mqar_cpu lr_sensitivity_cpu learned_scale_cp
 POLL_SECONDS=${POLL_SECONDS:-60}
 
 die() { echo "cpu_studies.sh: $*" >&2; exit 2; }
-finished() { compgen -G "runs/$1/*/summary.json" | wc -l; }
+# Finished runs (completed or diverged: what a stash keeps, `publish.finished_runs`) under $1.
+# summary.json is written with one key a line (`records.jsonfiles`); grep finding none is no error.
+count_finished() {
+  { compgen -G "$1/*/summary.json" | xargs -r -d '\n' grep -lE '^  "status": "(completed|diverged)"' \
+      || true; } | wc -l
+}
+finished() { count_finished "runs/$1"; }
 
 commit=0 studies=()
 for arg in "$@"; do
@@ -73,7 +79,7 @@ run_study() {
   [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "runs/$study/"
   # What the stash holds, not what runs/ holds: runs finished before an interruption are
   # stashed at the first poll.
-  stashed=$(compgen -G "$pending/run_files/*/summary.json" | wc -l)
+  stashed=$(count_finished "$pending/run_files")
   # shellcheck disable=SC2086  # the flags are words
   "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=runs/$study" &
   pid=$!

@@ -3,7 +3,7 @@ r"""Publish a sweep for review: its run files and the report written from them, 
   python -m scale_ablation.publish runs/dk_exponent_cpu experiments/results/dk_exponent_cpu
   python -m scale_ablation.publish --record_only runs/dk_sweep_cpu experiments/pending/dk_sweep_cpu
 
-DEST/run_files gets each finished run's record of truth (`records.run_files`: config.json,
+DEST/run_files gets each finished (completed or diverged) run's record of truth (`records.run_files`: config.json,
 metrics.jsonl, summary.json, train_losses.jsonl; no checkpoints, no W&B folder) and the sweep's
 record (sweep.json, refined.json). The report is then written from a copy of DEST/run_files, not
 from SOURCE, so what is published is exactly what regenerates (tests/test_published.py); its
@@ -37,7 +37,8 @@ from absl import app, flags
 
 from scale_ablation import report
 from scale_ablation.model import plugins
-from scale_ablation.records.run_files import STEP_LOSSES_FILE
+from scale_ablation.records import jsonfiles
+from scale_ablation.records.run_files import FINISHED, STEP_LOSSES_FILE
 from scale_ablation.training.refine_grid import REFINED_FILE
 
 RUN_RECORD = ("config.json", "metrics.jsonl", "summary.json", STEP_LOSSES_FILE)
@@ -51,9 +52,8 @@ def check_paths(source: str, dest: str) -> None:
     """Raise ValueError naming what is wrong with SOURCE or DEST, before anything is written."""
     if not os.path.isfile(os.path.join(source, "sweep.json")):
         raise ValueError(f"{source} is not a sweep directory (no sweep.json)")
-    if not any(os.path.isfile(os.path.join(source, name, "summary.json"))
-               for name in os.listdir(source)):
-        raise ValueError(f"{source} has no run with a summary.json yet")
+    if not finished_runs(source):
+        raise ValueError(f"{source} has no finished run yet")
     src, dst = pathlib.Path(source).resolve(), pathlib.Path(dest).resolve()
     if dst == src or src in dst.parents or dst in src.parents:
         raise ValueError(f"{dest} and {source} must not contain each other")
@@ -61,22 +61,27 @@ def check_paths(source: str, dest: str) -> None:
         raise ValueError(f"{dst.parent} does not exist")
 
 
+def finished_runs(source: str) -> list[str]:
+    """The runs under SOURCE whose summary.json says they finished (completed or diverged): a
+    preempted run's record is half a run, whose checkpoint does not travel with it."""
+    return [name for name in sorted(os.listdir(source))
+            if os.path.isfile(path := os.path.join(source, name, "summary.json"))
+            and (jsonfiles.read_json(path) or {}).get("status") in FINISHED]
+
+
 def copy_run_record(source: str, target: str) -> int:
-    """Copy each run with a summary.json, record files only, and the sweep's record; return the
-    number of runs copied."""
-    runs = 0
-    for name in sorted(os.listdir(source)):
-        if not os.path.isfile(os.path.join(source, name, "summary.json")):
-            continue
+    """Copy each finished run's record files and the sweep's record; return the number of runs
+    copied."""
+    runs = finished_runs(source)
+    for name in runs:
         os.makedirs(os.path.join(target, name))
         for file in RUN_RECORD:
             if os.path.isfile(path := os.path.join(source, name, file)):
                 shutil.copy2(path, os.path.join(target, name, file))
-        runs += 1
     for file in SWEEP_RECORD:
         if os.path.isfile(path := os.path.join(source, file)):
             shutil.copy2(path, os.path.join(target, file))
-    return runs
+    return len(runs)
 
 
 def _install_report(written: str, copy: str, dest: str, study: str) -> None:

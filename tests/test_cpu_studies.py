@@ -3,12 +3,17 @@ published report still lacks its run files, and refuses bad input in one line.""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
+import shutil
 import subprocess
 
 import pytest
 from helpers import REPO
+
+from scale_ablation import publish
+from scale_ablation.records import jsonfiles
 
 SCRIPT = REPO / "launch" / "cpu_studies.sh"
 RESULTS = REPO / "experiments" / "results"
@@ -43,3 +48,21 @@ def test_bad_input_is_one_line_exit_2(args, names):
                           cwd=REPO)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and names in done.stderr
+
+
+def test_the_script_counts_finished_runs_as_publish_does(tmp_path):
+    """Its trigger for a new stash (a grep over summary.json) against `publish.finished_runs`
+    (the JSON read), on the headline's runs beside a preempted one and one never finished."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(REPO / "experiments" / "results" / "headline" / "run_files", sweep)
+    preempted = sweep / "policy=none,lr=0.03,seed=0"
+    shutil.copytree(sweep / "policy=none,lr=0.001,seed=0", preempted)
+    summary = json.loads((preempted / "summary.json").read_text())
+    jsonfiles.write_json_atomic(preempted / "summary.json", {**summary, "status": "preempted"})
+    (sweep / "policy=none,lr=0.1,seed=0").mkdir()
+    function = re.search(r"^count_finished\(\) \{.*?^\}", SCRIPT.read_text(), re.M | re.S).group(0)
+    counted = subprocess.run(["bash", "-c", f"set -euo pipefail\n{function}\n"
+                              f"count_finished {sweep}; count_finished {tmp_path / 'none'}"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert counted == [str(len(publish.finished_runs(str(sweep)))), "0"]
+    assert counted[0] == "6"

@@ -5,6 +5,7 @@ the committed one (itself checked by test_published against the same files)."""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import pathlib
 import re
@@ -29,7 +30,7 @@ def rows(path: pathlib.Path) -> list[dict]:
 @pytest.fixture
 def sweep(tmp_path) -> pathlib.Path:
     """The headline sweep as a finished run directory holds it: checkpoints and a W&B folder
-    beside the record files, and one run started but not finished."""
+    beside the record files, one run started but not finished, and one preempted."""
     source = tmp_path / "runs" / "headline"
     shutil.copytree(HEADLINE / "run_files", source)
     for run in sorted(p for p in source.iterdir() if p.is_dir()):
@@ -39,6 +40,10 @@ def sweep(tmp_path) -> pathlib.Path:
         (run / "wandb_run_id.txt").write_text("abc\n")
     (source / "policy=none,lr=0.01,seed=0").mkdir()
     (source / "policy=none,lr=0.01,seed=0" / "config.json").write_text("{}")
+    preempted = source / "policy=none,lr=0.03,seed=0"  # half a run: its checkpoint stays
+    shutil.copytree(source / "policy=none,lr=0.001,seed=0", preempted)
+    summary = json.loads((preempted / "summary.json").read_text())
+    (preempted / "summary.json").write_text(json.dumps({**summary, "status": "preempted"}))
     return source
 
 
@@ -63,7 +68,8 @@ def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep
     dest = repository / "experiments" / "results" / "headline"
     runs, changed = publish.publish(str(sweep), str(dest))
 
-    finished = sorted(p.name for p in sweep.iterdir() if (p / "summary.json").is_file())
+    # the headline's own runs: not the preempted one, nor the one never finished
+    finished = sorted(p.name for p in (HEADLINE / "run_files").iterdir() if p.is_dir())
     assert runs == len(finished) == 6
     published = sorted(p.name for p in (dest / "run_files").iterdir() if p.is_dir())
     assert published == finished
@@ -83,8 +89,7 @@ def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep
     assert publish.quote(claims, "experiments/results/headline/claims.md") in (
         dest / "README.md").read_text()
     verdicts = ", ".join(re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", claims))
-    finished = len({p.parent for p in sweep.glob("*/summary.json")})  # the stale row says 5
-    assert INDEX_ROW.replace("| 5 | contradicted |", f"| {finished} | {verdicts} |") in (
+    assert INDEX_ROW.replace("| 5 | contradicted |", f"| {runs} | {verdicts} |") in (  # was 5
         repository / "README.md").read_text()
     assert sorted(changed) == sorted([str(dest / "README.md"), str(repository / "README.md")])
 
