@@ -28,6 +28,12 @@ def test_an_ensemble_counts_once_at_its_longest_member():
                     "in it), on cpu, 2 host CPUs.")
 
 
+def test_runs_from_before_the_ensemble_record_give_no_wall_time():
+    summaries = [{"wall_seconds": 10.0, "tokens_seen": 100, "train_flops": 1e9}] * 2
+    assert consumption.lines(summaries) == [
+        "Consumed: 2 runs, 200 tokens, 2e+09 train FLOPs; wall time not recorded by these runs."]
+
+
 @pytest.mark.parametrize("environment, named", [
     ({"device_kind": "NVIDIA H200", "device_count": 8}, "NVIDIA H200 ×8"),
     ({"device_kind": "cpu", "device_count": 1}, "cpu"),  # recorded before host_cpus

@@ -33,10 +33,13 @@ def lines(summaries: list[dict]) -> list[str]:
     """The report's paragraph on what the sweep consumed."""
     seconds, ensembles, left_out = wall_seconds(summaries)
     line = (f"Consumed: {len(summaries)} runs, {total(summaries, 'tokens_seen'):.3g} tokens, "
-            f"{total(summaries, 'train_flops'):.3g} train FLOPs; wall time {seconds / 3600:.2f} h "
-            f"summed over {ensembles} ensemble(s)")
-    if left_out:
-        line += f" ({left_out} run(s) without an ensemble record or wall time not in it)"
+            f"{total(summaries, 'train_flops'):.3g} train FLOPs; ")
+    if not ensembles:  # runs made before the ensemble was recorded: a sum over runs would lie
+        line += "wall time not recorded by these runs"
+    else:
+        line += f"wall time {seconds / 3600:.2f} h summed over {ensembles} ensemble(s)"
+        if left_out:
+            line += f" ({left_out} run(s) without an ensemble record or wall time not in it)"
     machines = sorted({machine(s["environment"]) for s in summaries
                        if isinstance(s.get("environment"), dict)})
     return [line + (f", on {'; '.join(machines)}." if machines else ".")]
