@@ -11,7 +11,8 @@
 # --commit, the stash alone is committed). When the sweep ends it is published into
 # experiments/results/STUDY (report, run files, the READMEs' quotes), the monitoring bands are
 # recomputed (experiments/results/monitoring_bands.md) and the stash goes. A study published for
-# the first time is left uncommitted, its stash kept: its write-up is a person's to write.
+# the first time is left uncommitted, its stash kept, and the programme stops there: its
+# write-up is a person's to write.
 # Only what is not yet finished trains, so rerunning this after an interruption resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -91,9 +92,11 @@ run_study() {
   "$python" -m scale_ablation.publish "runs/$study" "experiments/results/$study"
   "$python" -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
   if [[ ! -f experiments/results/$study/README.md ]]; then  # a study published the first time
+    # Stop here: the next study's commit would carry bands computed with this one's rows.
     echo "cpu_studies.sh: $study is published but not committed: write its README and its" \
-      "results-index row (tests/test_readme.py), then commit it and remove $pending" >&2
-    return 0
+      "results-index row (tests/test_readme.py), commit it with the bands, remove $pending," \
+      "then rerun this for the studies after it" >&2
+    exit 0
   fi
   local paths=("experiments/results/$study" experiments/results/monitoring_bands.md README.md)
   if ((commit)) && git ls-files --error-unmatch "$pending" >/dev/null 2>&1; then
