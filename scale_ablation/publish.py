@@ -110,7 +110,8 @@ def quote(claims_text: str, path: str) -> str:
 
 def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
     """Refresh `readme`'s quoted claims blocks, and its results-index row for STUDY (the runs
-    published, the verdicts); return whether the text changed."""
+    published, the verdicts, the before-its-rerun cell no longer "pending"); return whether the
+    text changed."""
     text = readme.read_text()
     new = _QUOTE.sub(lambda m: quote((root / m.group(1)).read_text(), m.group(1)), text)
     published = root / "experiments" / "results" / study
@@ -119,6 +120,8 @@ def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
         runs = sum(p.is_dir() for p in (published / "run_files").iterdir())
         link = re.escape(f"[{study}](experiments/results/{study}/README.md)")
         new = re.sub(rf"\| \d+ \| [a-z, ]+ (\| {link} \|)", rf"| {runs} | {verdicts} \g<1>", new)
+        # The verdicts before its rerun stay; the rerun is no longer pending.
+        new = re.sub(rf"(\| {link} \| [^|\n]*?) \(rerun pending\)", r"\g<1>", new)
     if new != text:
         readme.write_text(new)
     return new != text
