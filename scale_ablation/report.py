@@ -186,10 +186,11 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
     os.makedirs(out, exist_ok=True)
     header = write_summary_csv(rows, os.path.join(out, "summary.csv"))
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
-    incomplete = incomplete_runs(sweep_dir)
-    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete)
+    # Each paragraph goes right after the noise floor: the last inserted reads first.
     _insert_after_noise_floor(os.path.join(out, "summary.md"),
                               consumption.lines([run["summary"] for run in runs]))
+    incomplete = incomplete_runs(sweep_dir)
+    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete)
     warning = repeated_data_warning(rows)
     if warning:  # inserted last, so it comes first, right after the noise floor
         _insert_after_noise_floor(os.path.join(out, "summary.md"), warning)
