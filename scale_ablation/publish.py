@@ -44,7 +44,7 @@ from scale_ablation.training.refine_grid import REFINED_FILE
 RUN_RECORD = ("config.json", "metrics.jsonl", "summary.json", STEP_LOSSES_FILE)
 SWEEP_RECORD = ("sweep.json", REFINED_FILE)
 REPORT_SUFFIXES = (".md", ".csv", ".png")
-_VERDICT = re.compile(r"Verdict[^:]*: \*\*(\w+)\*\*")
+_VERDICT = re.compile(r"Verdict[^\n]*?: \*\*(\w+)\*\*")
 _QUOTE = re.compile(r"<!-- claims: (\S+) -->\n.*?<!-- end claims -->", re.DOTALL)
 
 

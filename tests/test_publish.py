@@ -89,7 +89,7 @@ def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep
     claims = (dest / "claims.md").read_text()
     assert publish.quote(claims, "experiments/results/headline/claims.md") in (
         dest / "README.md").read_text()
-    verdicts = ", ".join(re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", claims))
+    verdicts = ", ".join(re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", claims))
     row = INDEX_ROW.replace("| 5 | contradicted |", f"| {runs} | {verdicts} |")  # was 5
     assert row.replace(" (rerun pending)", "") in (repository / "README.md").read_text()
     assert sorted(changed) == sorted([str(dest / "README.md"), str(repository / "README.md")])
@@ -146,3 +146,17 @@ def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
     def run_files(tree: dict) -> dict:  # the sweep's own record (sweep.json, .lock) is its to write
         return {k: v for k, v in tree.items() if k.startswith("policy=")}
     assert run_files(snapshot(sweep_dir)) == run_files(before) != {}
+
+
+def test_a_verdict_headed_by_its_caveats_reaches_the_index(tmp_path):
+    """A smoke run's verdicts are headed by what its design cannot support, colons included."""
+    study = tmp_path / "experiments" / "results" / "quick"
+    (study / "run_files" / "policy=none,seed=0").mkdir(parents=True)
+    (study / "claims.md").write_text(
+        "## 1. x\n\nVerdict (one seed per setting: no interval can be formed): **inconclusive**: "
+        "too few seeds: **not** a result.\n\n## 2. y\n\nVerdict: **supported**: all better.\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("| Quick | 9 | contradicted | [quick](experiments/results/quick/README.md) |\n")
+    assert publish.requote(readme, tmp_path, "quick")
+    assert readme.read_text() == (
+        "| Quick | 1 | inconclusive, supported | [quick](experiments/results/quick/README.md) |\n")

@@ -145,8 +145,8 @@ def test_verdicts_quoted_anywhere_are_the_committed_claims_files(doc):
         lines = [line.removeprefix(">").removeprefix(" ") for line in quoted.splitlines()]
         committed = (README.parent / path).read_text().strip().splitlines()
         assert lines == committed, path
-    verdicts = re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", doc.read_text())
-    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", q)]
+    verdicts = re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", doc.read_text())
+    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", q)]
     assert verdicts == quoted_verdicts  # none outside the quoted files
 
 
@@ -161,7 +161,7 @@ def test_the_results_index_links_every_study_with_its_computed_verdicts():
     index = README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
     for doc in STUDY_READMES:
         claims = (doc.parent / "claims.md").read_text()
-        verdicts = ", ".join(re.findall(r"Verdict[^:]*: \*\*(\w+)\*\*", claims))
+        verdicts = ", ".join(re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", claims))
         row = f"| {verdicts} | [{doc.parent.name}](experiments/results/{doc.parent.name}/README.md) |"
         assert row in index
         if (run_files := doc.parent / "run_files").is_dir():  # published runs, counted
