@@ -19,6 +19,10 @@ C* ∝ d_k^(−1/2) means 1/d_k (α = −1, μP); C* ∝ d_k^(1/2) means no divi
 share one compiled program, so the C values and LRs of one (init, d_k, seed) train as one
 vmapped ensemble (on a CPU that saves compilation and start-up, not arithmetic).
 
+Claims, per init (`analysis/exponent.py`): α within −1/2 ± 1/4 with −1 and 0 outside its CI
+(the article's 1/√d_k), and the alternative the question is about, α within −1 ± 1/4 with −1/2
+and 0 outside (μP's 1/d_k); both can be inconclusive, one interval across both bands.
+
 Two budgets: each run is evaluated halfway (`train.eval_every` = steps / 2) and at the end; the
 report's rows carry the halfway validation bits per byte (`val_bpb_at_half_steps`), and the claim
 `ExponentShift` compares α at the two. A halfway snapshot is not a run of half the budget (the
@@ -138,13 +142,16 @@ def sweep(arg: str | None = None) -> list[dict]:
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
-    """Per init: α within −1/2 ± 0.25 (closer to −1/2 than to −1 or 0), and α the same early
-    and at the end within ±0.25."""
+    """Per init: α within −1/2 ± 0.25 (closer to −1/2 than to −1 or 0); the alternative, α
+    within −1 ± 0.25 (μP's 1/d_k); and α the same early and at the end within ±0.25."""
     out = []
     for init in SIZES[arg][-1]:
         out.append(claims_lib.Claim(
             f"The optimal scale is ∝ d_k^(−1/2) ({init} init)", exponent.Exponent(init),
             source="article §2.3"))
+        out.append(claims_lib.Claim(
+            f"The optimal scale is ∝ d_k^(−1), μP's 1/d_k ({init} init)",
+            exponent.Exponent(init, expected=-1.0), source="Yang et al. 2022"))
         out.append(claims_lib.Claim(
             f"The optimal scale's exponent is the same halfway through training and at the end "
             f"({init} init)", exponent.ExponentShift(init), source="issue 29"))

@@ -10,6 +10,7 @@ import math
 import pathlib
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -110,13 +111,26 @@ def test_the_union_interval_covers_the_true_slope_in_most_trials():
     assert covered >= 0.8 * trials, covered
 
 
-@pytest.mark.parametrize(("k", "verdict"), [(0.0, "supported"), (-0.5, "contradicted"),
-                                            (0.5, "contradicted")])
-def test_the_exponent_rule_on_known_exponents(k, verdict):
+@pytest.mark.parametrize(("k", "expected", "verdict"), [
+    (0.0, -0.5, "supported"), (-0.5, -0.5, "contradicted"), (0.5, -0.5, "contradicted"),
+    (-0.5, -1.0, "supported"), (0.0, -1.0, "contradicted")])  # α = k − 1/2
+def test_the_exponent_rule_on_known_exponents(k, expected, verdict):
     rows = synthetic_rows(k, noise=0.003)
-    result = exponent.Exponent("fan_in").judge(rows)
+    result = exponent.Exponent("fan_in", expected=expected).judge(rows)
     assert result.verdict == verdict, result
     assert any("α =" in line for line in result.numbers)
+
+
+def test_an_interval_holding_another_candidate_is_no_support(monkeypatch):
+    """Inside the band is not enough: the CI must also exclude the other candidates. A band
+    widened to ±0.6 around −1 reaches −1/2, so an interval can be inside it and hold −1/2."""
+    found = types.SimpleNamespace(alpha_ci=(-1.3, -0.45), unsettled={})
+    monkeypatch.setattr(exponent, "fit", lambda *args, **kwargs: found)
+    monkeypatch.setattr(exponent, "fit_lines", lambda fitted: [])
+    wide = exponent.Exponent("fan_in", expected=-1.0, margin=0.6)  # the band: [−1.6, −0.4]
+    assert wide.judge([]).verdict == "inconclusive"  # holds −1/2
+    found.alpha_ci = (-1.3, -0.55)
+    assert wide.judge([]).verdict == "supported"
 
 
 def test_a_c_star_beyond_the_grid_is_a_bound_and_names_the_next_c():
@@ -143,7 +157,8 @@ def test_the_shift_rule_compares_alpha_at_two_budgets(early_k, verdict):
 def test_the_rules_are_judged_in_the_study_family_by_themselves():
     rows = synthetic_rows(0.0, noise=0.003, early_k=0.0)
     verdicts = judge_family([c for c in dk_exponent.claims("cpu") if "fan_in" in c.text], rows)
-    assert [v.verdict for v in verdicts] == ["supported", "supported"]
+    # α = −1/2 exactly: 1/√d_k supported, μP's 1/d_k contradicted, α the same early and late
+    assert [v.verdict for v in verdicts] == ["supported", "contradicted", "supported"]
 
 
 def test_an_init_is_fitted_on_its_own_rows():

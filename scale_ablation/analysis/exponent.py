@@ -267,6 +267,14 @@ def fit_lines(found: ExponentFit, label: str = "") -> list[str]:
     return lines
 
 
+# The exponents the question is between: μP's 1/d_k, 1/√d_k, no divisor.
+CANDIDATES = (-1.0, -0.5, 0.0)
+
+
+def _signed(value: float) -> str:
+    return f"{value:g}".replace("-", "−")  # the minus sign the rules print
+
+
 def _placed(ci: tuple[float, float], low: float, high: float) -> str:
     """'inside' [low, high], 'outside' it (no overlap), or 'across' its edge."""
     if low <= ci[0] and ci[1] <= high:
@@ -276,12 +284,14 @@ def _placed(ci: tuple[float, float], low: float, high: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Exponent:
-    """Claim: with `init`, the optimal scale is ∝ d_k^expected. Supported when the CI of α
-    excludes −1 and 0 and lies within expected ± margin; contradicted when it lies wholly
+    """Claim: with `init`, the optimal scale is ∝ d_k^expected, one of the `CANDIDATES`
+    (−1: μP's 1/d_k; −1/2: 1/√d_k; 0: no divisor). Supported when the CI of α excludes the
+    other candidates and lies within expected ± margin; contradicted when it lies wholly
     outside expected ± margin; otherwise (an interval across the band's edge, a c* on its
     grid's edge, too few seeds or d_k) inconclusive. The default margin, 0.25, is half the
-    distance between the candidates −1, −1/2 and 0: an interval inside it is closer to −1/2
-    than to either. Not part of the study's Holm family: a decision by interval, at 95%."""
+    distance between neighbouring candidates: an interval inside it is closer to `expected`
+    than to either neighbour. Not part of the study's Holm family: a decision by interval, at
+    95%."""
 
     init: str
     expected: float = -0.5
@@ -294,10 +304,15 @@ class Exponent:
         policies."""
         return ("inv_sqrt_dk",)
 
+    @property
+    def others(self) -> tuple[float, ...]:
+        return tuple(c for c in CANDIDATES if c != self.expected)
+
     def describe(self) -> str:
+        others = " and ".join(_signed(c) for c in self.others)
         return (f"supported if the 95% CI of α (optimal scale ∝ d_k^α; α = slope of log c* on "
                 f"log d_k − 1/2, c* the best c of c·d_k^(-1/2), each c at its best LR, "
-                f"{self.metric}) excludes −1 and 0 and lies within {self.expected:g} ± "
+                f"{self.metric}) excludes {others} and lies within {self.expected:g} ± "
                 f"{self.margin:g}, init {self.init} (analysis/exponent.py states the fit)")
 
     def judge(self, rows: list[dict]) -> Verdict:
@@ -313,12 +328,13 @@ class Exponent:
         if place == "outside":
             return Verdict("contradicted", f"α's CI {_ci_text(ci)} lies outside "
                            f"{self.expected:g} ± {self.margin:g}", numbers)
-        excludes = not (ci[0] <= -1 <= ci[1] or ci[0] <= 0 <= ci[1])
+        excludes = not any(ci[0] <= c <= ci[1] for c in self.others)
         if place == "inside" and excludes:
             return Verdict("supported", f"α's CI {_ci_text(ci)} lies within "
                            f"{self.expected:g} ± {self.margin:g}", numbers)
+        others = " or ".join(_signed(c) for c in self.others)
         return Verdict("inconclusive", f"α's CI {_ci_text(ci)} crosses the band's edge "
-                       "or holds −1 or 0", numbers)
+                       f"or holds {others}", numbers)
 
 
 def shift_interval(early: ExponentFit, final: ExponentFit) -> tuple[float, float] | None:
