@@ -3,9 +3,9 @@ r"""Publish a sweep for review: its run files and the report written from them, 
   python -m scale_ablation.publish runs/dk_exponent_cpu experiments/results/dk_exponent_cpu
   python -m scale_ablation.publish --record_only runs/dk_sweep_cpu experiments/pending/dk_sweep_cpu
 
-DEST/run_files gets each finished (completed or diverged) run's record of truth (`records.run_files`: config.json,
-metrics.jsonl, summary.json, train_losses.jsonl; no checkpoints, no W&B folder) and the sweep's
-record (sweep.json, refined.json). The report is then written from a copy of DEST/run_files, not
+DEST/run_files gets each finished (completed or diverged) run's record of truth
+(`records.run_files`: config.json, metrics.jsonl, summary.json, train_losses.jsonl; no
+checkpoints, no W&B folder) and the sweep's record (sweep.json, refined.json). The report is then written from a copy of DEST/run_files, not
 from SOURCE, so what is published is exactly what regenerates (tests/test_published.py); its
 summary.csv, summary.md, claims.md and plots go beside run_files, with the copy's path written as
 `runs/STUDY` (STUDY: DEST's name), the path the study's command names. Every README that quotes
@@ -117,9 +117,11 @@ def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
     published = root / "experiments" / "results" / study
     if (published / "claims.md").exists():
         verdicts = ", ".join(_VERDICT.findall((published / "claims.md").read_text()))
-        runs = sum(p.is_dir() for p in (published / "run_files").iterdir())
         link = re.escape(f"[{study}](experiments/results/{study}/README.md)")
-        new = re.sub(rf"\| \d+ \| [a-z, ]+ (\| {link} \|)", rf"| {runs} | {verdicts} \g<1>", new)
+        new = re.sub(rf"\| [a-z, ]+ (\| {link} \|)", rf"| {verdicts} \g<1>", new)
+        if (run_files := published / "run_files").is_dir():  # the runs cell: those published
+            runs = sum(p.is_dir() for p in run_files.iterdir())
+            new = re.sub(rf"\| \d+ (\| [a-z, ]+ \| {link} \|)", rf"| {runs} \g<1>", new)
         # The verdicts before its rerun stay; the rerun is no longer pending.
         new = re.sub(rf"(\| {link} \| [^|\n]*?) \(rerun pending\)", r"\g<1>", new)
     if new != text:

@@ -4,6 +4,8 @@ Members of an ensemble share one loop, so each member's `wall_seconds` is the en
 (`records.run_files.SUMMARY_FIELDS`): the sweep's wall time is the sum over its ensembles of
 the longest member's (a member that stopped early stopped first), not a sum over runs. It is
 machine time, the elapsed time only where ensembles ran one after another (no `--parallel`).
+A member resumed in a smaller ensemble than it started in carries its earlier attempt's time,
+which its first ensemble's longest member may carry too: such a sum can count that time twice.
 """
 
 from __future__ import annotations
