@@ -3,6 +3,7 @@
 # nothing between sessions:
 #
 #   bash launch/cpu_studies.sh --list                # the studies, their commands, in order
+#   bash launch/cpu_studies.sh --plan [STUDY ...]     # what is left of each: runs, FLOPs, hours
 #   bash launch/cpu_studies.sh [--commit] [STUDY ...] # default: every study, in the order listed
 #
 # For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
@@ -43,20 +44,32 @@ count_finished() {
 }
 finished() { count_finished "runs/$1"; }
 
-commit=0 studies=()
+commit=0 plan=0 studies=()
 for arg in "$@"; do
   case $arg in
     --list) for s in "${ORDER[@]}"; do
               echo "$s: python -m scale_ablation.sweep ${COMMAND[$s]} --workdir=runs/$s"; done
             exit 0 ;;
     --commit) commit=1 ;;
-    -*) die "unknown flag $arg (flags: --list, --commit)" ;;
+    --plan) plan=1 ;;
+    -*) die "unknown flag $arg (flags: --list, --plan, --commit)" ;;
     *) [[ -v COMMAND[$arg] ]] || die "unknown study $arg (--list names them)"; studies+=("$arg") ;;
   esac
 done
 ((${#studies[@]})) || studies=("${ORDER[@]}")
 python=${VENV:-.venv}/bin/python
 [[ -x $python ]] || die "no $python: make the venv first (the README's install line) or set VENV"
+
+if ((plan)); then  # the sweep's own planner, on what runs/STUDY (or its stash) still lacks
+  for study in "${studies[@]}"; do
+    workdir=runs/$study
+    [[ -d $workdir || ! -d experiments/pending/$study/run_files ]] || workdir=experiments/pending/$study/run_files
+    # shellcheck disable=SC2086  # the flags are words
+    "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=$workdir" --plan \
+      | grep -E "^(plan|total):" | sed "s|^|$study: |"
+  done
+  exit 0
+fi
 
 # Stash (and with --commit, commit) the finished runs of STUDY if more have landed than $stashed.
 stash() {

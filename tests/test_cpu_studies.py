@@ -42,7 +42,7 @@ def test_each_study_runs_its_own_experiment_file_into_its_own_folder():
 
 
 @pytest.mark.parametrize("args, names", [(["no_such_study"], "unknown study no_such_study"),
-                                         (["--resume"], "unknown flag --resume")])
+                                         (["--resume"], "unknown flag --resume (flags: --list, --plan, --commit)")])
 def test_bad_input_is_one_line_exit_2(args, names):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
                           cwd=REPO)
