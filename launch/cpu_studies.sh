@@ -4,6 +4,7 @@
 #
 #   bash launch/cpu_studies.sh --list                # the studies, their commands, in order
 #   bash launch/cpu_studies.sh --plan [STUDY ...]     # what is left of each: runs, FLOPs, hours
+#                                                    # (at a matmul rate measured now: run it idle)
 #   bash launch/cpu_studies.sh [--commit] [STUDY ...] # default: every study, in the order listed
 #
 # For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
@@ -66,7 +67,7 @@ if ((plan)); then  # the sweep's own planner, on what runs/STUDY (or its stash) 
     [[ -d $workdir || ! -d experiments/pending/$study/run_files ]] || workdir=experiments/pending/$study/run_files
     # shellcheck disable=SC2086  # the flags are words
     "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=$workdir" --plan \
-      | grep -E "^(plan|total):" | sed "s|^|$study: |"
+      | grep -E "^(plan|total|rate):" | sed "s|^|$study: |"
   done
   exit 0
 fi
