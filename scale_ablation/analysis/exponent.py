@@ -312,7 +312,7 @@ class Exponent:
         others = " and ".join(_signed(c) for c in self.others)
         return (f"supported if the 95% CI of α (optimal scale ∝ d_k^α; α = slope of log c* on "
                 f"log d_k − 1/2, c* the best c of c·d_k^(-1/2), each c at its best LR, "
-                f"{self.metric}) excludes {others} and lies within {self.expected:g} ± "
+                f"{self.metric}) excludes {others} and lies within {_signed(self.expected)} ± "
                 f"{self.margin:g}, init {self.init} (analysis/exponent.py states the fit)")
 
     def judge(self, rows: list[dict]) -> Verdict:
@@ -327,11 +327,11 @@ class Exponent:
         place = _placed(ci, self.expected - self.margin, self.expected + self.margin)
         if place == "outside":
             return Verdict("contradicted", f"α's CI {_ci_text(ci)} lies outside "
-                           f"{self.expected:g} ± {self.margin:g}", numbers)
+                           f"{_signed(self.expected)} ± {self.margin:g}", numbers)
         excludes = not any(ci[0] <= c <= ci[1] for c in self.others)
         if place == "inside" and excludes:
             return Verdict("supported", f"α's CI {_ci_text(ci)} lies within "
-                           f"{self.expected:g} ± {self.margin:g}", numbers)
+                           f"{_signed(self.expected)} ± {self.margin:g}", numbers)
         others = " or ".join(_signed(c) for c in self.others)
         return Verdict("inconclusive", f"α's CI {_ci_text(ci)} crosses the band's edge "
                        f"or holds {others}", numbers)
