@@ -34,6 +34,12 @@ def test_runs_from_before_the_ensemble_record_give_no_wall_time():
         "Consumed: 2 runs, 200 tokens, 2e+09 train FLOPs; wall time not recorded by these runs."]
 
 
+def test_a_machine_recorded_with_and_without_its_cpus_is_named_once():
+    old = {"device_kind": "cpu", "device_count": 1}  # before host_cpus was recorded
+    summaries = [member("a", 10.0), {**member("b", 5.0), "environment": old}]
+    assert consumption.lines(summaries)[0].endswith(", on cpu, 2 host CPUs.")
+
+
 @pytest.mark.parametrize("environment, named", [
     ({"device_kind": "NVIDIA H200", "device_count": 8}, "NVIDIA H200 ×8"),
     ({"device_kind": "cpu", "device_count": 1}, "cpu"),  # recorded before host_cpus

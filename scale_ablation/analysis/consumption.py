@@ -42,8 +42,9 @@ def lines(summaries: list[dict]) -> list[str]:
         line += f"wall time {seconds / 3600:.2f} h summed over {ensembles} ensemble(s)"
         if left_out:
             line += f" ({left_out} run(s) without an ensemble record or wall time not in it)"
-    machines = sorted({machine(s["environment"]) for s in summaries
-                       if isinstance(s.get("environment"), dict)})
+    named = {machine(s["environment"]) for s in summaries if isinstance(s.get("environment"), dict)}
+    # A kind alone (recorded before host_cpus) says less than the same kind with its CPUs.
+    machines = sorted(m for m in named if not any(o.startswith(m + ", ") for o in named))
     return [line + (f", on {'; '.join(machines)}." if machines else ".")]
 
 
