@@ -192,6 +192,29 @@ def test_figures_are_drawn_from_synthetic_rows(tmp_path):
     assert exponent_plots.figures(synthetic_rows(0.0, cs=(1.0,))) == {}
 
 
+def test_the_c_star_figure_titles_the_claims_interval():
+    """Each panel's α interval is the one the claim judges (`exponent.fit` at its defaults), not
+    a cheaper bootstrap's: a figure and claims.md beside it must not print two intervals."""
+    rows = synthetic_rows(0.0) + synthetic_rows(-0.5, init="gpt2")
+    # Each seed's c* off the line by a factor e^(±1/2) or 1, in an order that changes with d_k:
+    # the seeds' mean vertex stays on the line (the t interval is a point), their spread is what
+    # the bootstrap sees, so its resample count shows in the interval.
+    rng = np.random.default_rng(3)
+    offsets = {d_k: dict(zip((0, 1, 2), rng.permutation((-0.5, 0.0, 0.5)), strict=True))
+               for d_k in D_KS}
+    for row in rows:
+        k = 0.0 if row["override:model.init"] == "fan_in" else -0.5
+        log_star = k * math.log(row["d_k"]) + offsets[row["d_k"]][row["seed"]]
+        c = scale_family.multiplier(row["policy"])
+        row["final_val_bpb"] = (2.5 + 0.05 * (math.log(c) - log_star) ** 2
+                                + math.log10(row["lr"] / LR_STAR) ** 2)
+    fig = exponent_plots.plot_c_star(rows)
+    for ax, init in zip(fig.axes, ("fan_in", "gpt2"), strict=False):
+        found = exponent.fit(rows, init)
+        low, high = found.alpha_ci
+        assert ax.get_title() == f"{init} init: α = {found.alpha:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
 @pytest.mark.slow  # minutes on 2 cores: `-m slow`
 def test_quick_sweep_runs_end_to_end_and_reports_the_exponent(tmp_path):
     """The quick grid trains (q/k width apart from v, every C of a d_k in one ensemble), its

@@ -110,7 +110,7 @@ def _references(ax, centre: tuple[float, float], d_ks: list[int], keys: look.Key
 
 def plot_c_star(rows: list[dict], key: str = "final_val_bpb") -> Figure | None:
     """A panel per init: c* per d_k with its CI, the fit, and the references through its centre."""
-    fits = [f for init in _inits(rows) if (f := exponent.fit(rows, init, key, n_boot=200)).optima]
+    fits = [f for init in _inits(rows) if (f := exponent.fit(rows, init, key)).optima]
     if not fits:
         return None
     fig, axes = look.panels(Grid(tuple(range(len(fits))), (None,)), sharey=True)
