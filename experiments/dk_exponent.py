@@ -35,7 +35,7 @@ run.
 
 Variants and budget:
 - `cpu` (2 cores): d_model 128, 2 layers, 4 heads of value width 32, d_k = qk_dim 8…256 (6
-  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs (798
+  values), C ∈ {1/4 … 4} (5), LRs {2.5e-3, 5e-3, 1e-2}, 3 seeds, both inits: 540 runs (816
   with the points the passes added: `WIDER_C`, `WIDER_LR`, `WIDER_C_LRS`) of 400
   steps × 16 × 64 bytes (0.085 passes over the plays each; a first run at 300 steps of c = 1,
   LR 5e-3, d_k 32 ended only 0.30 (fan_in) and 0.36 (gpt2) bits per byte below the bigram line,
@@ -91,7 +91,10 @@ WIDER_LR: dict[tuple[str, int, float], tuple[float, ...]] = {
     ("fan_in", 8, 1.0): (1.25e-3,), ("fan_in", 16, 1.0): (1.25e-3,), ("fan_in", 128, 0.5): (1.25e-3,),
     ("fan_in", 16, 2.0): (1.25e-3,),  # then c = 2's, the best c's neighbour at d_k 16
     **{("gpt2", qk_dim, 4.0): (6.25e-4, 1.25e-3) for qk_dim in CPU_QK_DIMS},
-    **{("gpt2", qk_dim, 2.0): (1.25e-3,) for qk_dim in CPU_QK_DIMS}}
+    **{("gpt2", qk_dim, 2.0): (1.25e-3,) for qk_dim in CPU_QK_DIMS},
+    # gpt2, second pass: c = 1's best LR on its low edge (2.5e-3) beside the best c = 2 at d_k
+    # 128 and 256 (and halfway at 8 and 64); added at every d_k so that c = 1 has one grid.
+    **{("gpt2", qk_dim, 1.0): (1.25e-3,) for qk_dim in CPU_QK_DIMS}}
 # The LR grid of an added C, by init (default: the study's). gpt2's added C are larger scales
 # than its first pass's best, whose best LR was already its grid's lowest: theirs starts lower.
 WIDER_C_LRS: dict[str, tuple[float, ...]] = {"gpt2": (6.25e-4, 1.25e-3, 2.5e-3, 5e-3)}
