@@ -192,6 +192,25 @@ def test_figures_are_drawn_from_synthetic_rows(tmp_path):
     assert exponent_plots.figures(synthetic_rows(0.0, cs=(1.0,))) == {}
 
 
+def test_loss_vs_c_dashes_the_c_stars_the_claims_do_not_count():
+    """c* = 1.5/√d_k on the grid 1/4…4: the best grid c is the low edge from d_k 32 up (a bound,
+    dashed), interior at 8 and 16 (solid), reckoned here from the truth, not from the fit."""
+    cs = tuple(2.0**k for k in range(-2, 3))
+    rows = synthetic_rows(-0.5, c0=1.5, cs=cs)
+    fig = exponent_plots.plot_loss_vs_c(rows)
+    styles = {}
+    for ax in fig.axes:
+        if not ax.get_title().startswith("d_k = "):
+            continue
+        verticals = [line for line in ax.get_lines()
+                     if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]]
+        assert len(verticals) == 1
+        styles[int(ax.get_title().removeprefix("d_k = "))] = verticals[0].get_linestyle()
+    for d_k in D_KS:
+        best = min(cs, key=lambda c, d_k=d_k: abs(math.log(c / (1.5 / math.sqrt(d_k)))))
+        assert styles[d_k] == ("--" if best in (cs[0], cs[-1]) else "-"), d_k
+
+
 def test_the_c_star_figure_titles_the_claims_interval():
     """Each panel's α interval is the one the claim judges (`exponent.fit` at its defaults), not
     a cheaper bootstrap's: a figure and claims.md beside it must not print two intervals."""

@@ -177,7 +177,8 @@ class ExponentFit:
         return None if ci is None else (ci[0] - 0.5, ci[1] - 0.5)
 
 
-def _why_unsettled(curve: CCurve, found: optimum.Optimum) -> str | None:
+def why_unsettled(curve: CCurve, found: optimum.Optimum) -> str | None:
+    """Why `found` is not a location of c* (a bound, not an optimum), or None when it is."""
     if not found.interior:
         more = ", ".join(f"{c:.3g}" for c in optimum.refine_points(curve.cs, found.mean_losses))
         return f"best c {found.best_lr:g} on the grid's {found.edge} edge (run c = {more})"
@@ -221,7 +222,7 @@ def fit(rows: list[dict], init: str, key: str = "final_val_bpb", *, n_boot: int 
             unsettled[d_k] = "no c has a finite value"
             continue
         optima[d_k] = found
-        if (why := _why_unsettled(curve, found)) is not None:
+        if (why := why_unsettled(curve, found)) is not None:
             unsettled[d_k] = why
     settled = {d: curves[d] for d in optima if d not in unsettled}
     n_seeds = min((len(c.losses_by_seed) for c in settled.values()), default=0)

@@ -1,7 +1,8 @@
 """The exponent study's figures (experiments/dk_exponent.py; the fit is `analysis.exponent`):
 
 - `loss_vs_c.png`: the validation metric against c, a panel per d_k, a line per init, each c at
-  its own best LR (mean over seeds, 95% CI bars where n >= 2), the located c* marked, the count
+  its own best LR (mean over seeds, 95% CI bars where n >= 2), the located c* marked (dashed
+  where the claims take it for a bound: a grid or LR edge), the count
   baselines drawn as every report draws them;
 - `c_star_vs_dk.png`: log c* against log d_k per init with its bootstrap CI, the fitted line, and
   the three reference slopes through the fit's centre: 0 (the best scale ∝ 1/√d_k), −1/2 (1/d_k)
@@ -22,6 +23,7 @@ from scale_ablation.analysis.plot_groups import Grid
 from scale_ablation.model import scale_family
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per init
+BOUND_STYLE = "--"  # loss_vs_c's c* line where the claims count it as a bound, not a location
 REFERENCES = ((0.0, "slope 0: 1/√d_k (α = −1/2)", "0.3", "--"),
               (-0.5, "slope −1/2: 1/d_k (α = −1)", "0.3", ":"),
               (0.5, "slope +1/2: no divisor (α = 0)", "0.3", "-."))
@@ -56,7 +58,7 @@ def plot_loss_vs_c(rows: list[dict], key: str = "final_val_bpb") -> Figure | Non
     if len(d_ks) > 4:  # wrap: at most four panels a row
         grid = Grid((None,), tuple(f"d_k = {d}" for d in d_ks))
     fig, axes = look.panels(grid, sharey=True)
-    keys, used = _keys(), set()
+    keys, used, bounds = _keys(), set(), 0
     for k, (init, by_dk) in enumerate(curves.items()):
         colour = COLOURS[k % len(COLOURS)]
         keys.mark(f"{init} init", color=colour, marker="o")
@@ -65,8 +67,16 @@ def plot_loss_vs_c(rows: list[dict], key: str = "final_val_bpb") -> Figure | Non
             ax, _ = axes[i][j], used.add((i, j))
             _draw_curve(ax, curve, colour)
             if (found := exponent.locate(curve, n_boot=0)) is not None:
-                ax.axvline(found.lr_star, color=colour, linewidth=0.8, alpha=0.6)
+                # A c* that the claims do not count (exponent.why_unsettled) is drawn dashed, so
+                # the figure says what claims.md says.
+                bound = exponent.why_unsettled(curve, found) is not None
+                bounds += bound
+                ax.axvline(found.lr_star, color=colour, linewidth=0.8, alpha=0.6,
+                           linestyle=BOUND_STYLE if bound else "-")
     keys.mark("c* (located)", color="0.4", linewidth=0.8)
+    if bounds:
+        keys.mark("c*, not a location (grid or LR edge)", color="0.4", linewidth=0.8,
+                  linestyle=BOUND_STYLE)
     for i, j in used:
         ax = axes[i][j]
         ax.set_xscale("log", base=2)
