@@ -50,9 +50,10 @@ Variants and budget:
   × 512 bytes of WikiText-103 (0.12 passes; the `gpu` base variant's local copy), on the
   reference attention path. `--plan --device=H200`: 8.4e18 train FLOPs, 5.9 device-hours at
   the planner's assumed 40% MFU. The grid reaches 1/16 because the cpu variant's fan_in C* fell
-  with d_k (0.44 at 8 to 0.14 at 256: about 0.1 at 1024 if it goes on); its gpt2 C* sat at 4 or
-  above at d_model 128, but gpt2's q and k entries grow as √d_model, so at 512 its logits are
-  ~4× larger and its C* ~4× smaller, inside the grid.
+  with d_k (0.44 at 8 to 0.14 at 256: about 0.1 at 1024 if it goes on); its gpt2 C* fell from
+  6.7 at d_k 8 to 1.6 at 256 at d_model 128, but gpt2's q and k entries grow as √d_model, so
+  at 512 its logits are ~4× larger and its C* ~4× smaller (about 1.7 to 0.4, and 0.2 at 1024
+  if the cpu slope holds), inside the grid.
 - `quick` (tests): d_model 32, 2 heads, d_k {8, 32}, C {1/2, 1, 2}, two LRs, one seed, one init,
   a few seconds a run.
 """
