@@ -70,7 +70,7 @@ INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and G
 # Each policy's own LR grid, wide enough that its best is interior: the first cpu run used
 # {1e-3, 3e-3, 1e-2} for all and found scale 1's best on the low edge (d_k 128) and 1/d_k's on
 # the high edge (d_k 16), so each got one more point on that side.
-# The q/k-width arm (cpu): 4 heads of value width 32 at d_model 128, d_k = qk_dim 16, 128, 512,
+# The q/k-width arm (cpu): 2 heads of value width 64 at d_model 128, d_k = qk_dim 16 and 256,
 # so that the parameters change only in the q/k projections and nothing but d_k moves. Each
 # policy's three LRs are centred on its best in the first cpu pass (1/√d_k 3e-3, scale 1
 # 1e-3, 1/d_k 1e-2); WIDER_QK[(init, policy, qk_dim)] takes the points `--refine` names.
@@ -147,8 +147,8 @@ def cpu_fixed_width_arm() -> list[dict]:
 
 
 def cpu_qk_width_arm() -> list[dict]:
-    """d_k alone: the q/k width of 4 heads of value width 32 at d_model 128, both inits, each
-    policy over three LRs around its located best (CPU_QK_LRS), 3 seeds."""
+    """d_k alone: the q/k width of 2 heads of value width 64 at d_model 128, both inits, each
+    policy over three LRs around its located best (CPU_LRS), 3 seeds."""
     return [
         {"policy": policy, "model.num_heads": CPU_QK_HEADS, "model.head_dim": 128 // CPU_QK_HEADS,
          "model.qk_dim": qk_dim, "model.init": init, "train.lr": lr, "train.seed": seed}
