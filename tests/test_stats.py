@@ -64,4 +64,4 @@ def test_decide_by_sign_of_the_interval():
     assert stats.decide(lower, higher_is_better=True) == "worse"
     mixed = stats.paired([1.0, 2.0, 1.5], [1.5, 1.4, 1.6])
     assert mixed.low < 0 < mixed.high
-    assert stats.decide(mixed) == "indistinguishable"
+    assert stats.decide(mixed) == stats.UNRESOLVED

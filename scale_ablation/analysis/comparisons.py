@@ -129,7 +129,7 @@ class Paired:
     difference: stats.Estimate  # policy − reference over matched pairs
     decision: str
     differences: tuple[float, ...] = ()  # the matched pairs' policy − reference, for tests
-    standing: frozenset[str] = frozenset(("better", "worse", "indistinguishable"))  # see below
+    standing: frozenset[str] = frozenset(("better", "worse", stats.UNRESOLVED))  # see below
 
 
 def paired_same_lr(rows: list[dict], reference: str, key: str,
@@ -185,8 +185,8 @@ def _standing(compared: BestLR, reference: BestLR, same_metric: bool) -> set[str
     """The decisions that stand with these best LRs (see `paired_best_lr`)."""
     if not same_metric:
         at_edge = compared.at_edge or reference.at_edge
-        return set() if at_edge else {"better", "worse", "indistinguishable"}
-    standing = {"better"} if compared.at_edge else {"better", "worse", "indistinguishable"}
+        return set() if at_edge else {"better", "worse", stats.UNRESOLVED}
+    standing = {"better"} if compared.at_edge else {"better", "worse", stats.UNRESOLVED}
     return standing & {"worse"} if reference.at_edge else standing
 
 

@@ -6,7 +6,7 @@ of degrees of freedom (Abramowitz & Stegun 26.7.3-4), so the report needs no sci
     estimate = stats.mean_ci([3.1, 3.0, 3.2])        # Estimate(mean, half_width, n)
     str(estimate)                                    # "3.100 ± 0.248 (n=3)"
     diff = stats.paired(policy_values, reference_values)
-    stats.decide(diff)                               # "better" | "worse" | "indistinguishable"
+    stats.decide(diff)                               # "better" | "worse" | "unresolved"
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from collections.abc import Sequence
 
 CONFIDENCE = 0.95
 TOO_FEW = "n<2, no CI"  # the decision when an interval cannot be formed
+# The CI contains 0: no difference is resolved. Not a finding of "no difference", which only
+# two one-sided tests against a margin can make (`verdicts`, "equivalent").
+UNRESOLVED = "unresolved"
 
 
 def _t_two_sided_mass(t: float, df: int) -> float:
@@ -101,10 +104,10 @@ def paired(values: Sequence[float], reference: Sequence[float]) -> Estimate:
 
 def decide(difference: Estimate, *, higher_is_better: bool = False) -> str:
     """"better"/"worse" when the CI of (policy − reference) excludes 0, else
-    "indistinguishable"; TOO_FEW with fewer than two pairs. Lower is better by default (loss)."""
+    UNRESOLVED; TOO_FEW with fewer than two pairs. Lower is better by default (loss)."""
     if difference.half_width is None:
         return TOO_FEW
     if difference.low <= 0 <= difference.high:
-        return "indistinguishable"
+        return UNRESOLVED
     lower = difference.high < 0
     return "better" if lower != higher_is_better else "worse"

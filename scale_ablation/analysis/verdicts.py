@@ -124,9 +124,9 @@ class _Comparison:
         elif self.same[i].adjusted < ALPHA:
             decided = EQUIVALENT
         else:
-            decided = "indistinguishable"
+            decided = stats.UNRESOLVED
         stands = decided in pair.standing or (decided == EQUIVALENT
-                                              and "indistinguishable" in pair.standing)
+                                              and stats.UNRESOLVED in pair.standing)
         return decided if stands else cmp.AT_EDGE
 
     def verdict(self, caveats: list[str]) -> Verdict:
@@ -239,7 +239,7 @@ class _Counting:
     def decision(self, i: int) -> str:
         _, _, (k, n), (k_ref, n_ref) = self.entries[i]
         if self.fisher[i].adjusted >= ALPHA:
-            return "indistinguishable"
+            return stats.UNRESOLVED
         return "better" if k / n > k_ref / n_ref else "worse"
 
     def verdict(self, caveats: list[str]) -> Verdict:
