@@ -13,8 +13,8 @@ a 64 KiB test split reports (standard error ~0.01 bits per byte), validation cho
 Why 500 steps and no 1/d_k arm: the five-minute budget (issue 33). Idle on 2 cores, the six runs
 at 600 steps took 5 min 0.7 s cold and the nine with 1/d_k ~7.5 min; 500 steps keep a margin. The
 LRs were located at 600 steps, so here they are near-located (a schedule 1/6 shorter), which
-matters little beside a gap of ~0.7 bits per byte; 1/d_k against 1/√d_k was unresolved
-in this cell (−0.07 ± 0.17, n = 3; no equivalence test), and `experiments/mup_transfer.py` asks the μP question.
+matters little beside a gap of ~0.7 bits per byte; 1/d_k against 1/√d_k was unresolved in this
+cell (−0.07 ± 0.17, n = 3; no equivalence test), and `experiments/mup_transfer.py` asks μP's.
 It is one cell of one study, so its verdicts are about this cell only; the studies that vary
 d_k, width and the LR are the `:cpu` variants of the other experiment files.
 """

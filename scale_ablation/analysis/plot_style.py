@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import textwrap
 
 from matplotlib import colormaps
@@ -157,11 +158,17 @@ def log_y(ax, centres: list[float] | None = None) -> None:
 
 
 def lr_ticks(ax, lrs: list[float]) -> None:
-    """A log LR axis ticked at the grid's learning rates."""
+    """A log LR axis ticked at the grid's learning rates, labelled where a label has room: a
+    refined grid packs ×√2 points near its optimum, whose labels would overlap."""
     ax.set_xscale("log")
-    every = 1 if len(lrs) <= 5 else 2  # labels of a long grid would touch
-    ax.set_xticks(lrs, [f"{lr:.2g}" if k % every == 0 else "" for k, lr in enumerate(lrs)],
-                  fontsize=7)
+    span = math.log10(max(lrs) / min(lrs)) if len(lrs) > 1 else 0.0
+    gap = span / 5  # decades between labels: about five labels fit a small panel
+    labels, last = [], -math.inf
+    for lr in lrs:
+        room = math.log10(lr) - last >= gap
+        labels.append(f"{lr:.2g}" if room else "")
+        last = math.log10(lr) if room else last
+    ax.set_xticks(lrs, labels, fontsize=7)
     ax.minorticks_off()
 
 
