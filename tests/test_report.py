@@ -21,6 +21,7 @@ import pytest
 from helpers import read_json
 
 from scale_ablation import report
+from scale_ablation.analysis import comparisons, tables
 from scale_ablation.records import wandb_offline
 
 try:  # pytest's default import mode puts tests/ itself on sys.path
@@ -222,22 +223,39 @@ def test_lr_sensitivity_is_wortsman_et_al_by_hand():
         row("inv_sqrt_dk", 1e-2, 2.5),
         row("inv_sqrt_dk", 1e-1, None, status="diverged"),
         row("inv_sqrt_dk", 1.0, 6.0),
-        # none, d_k 64: every lr trains; the initial loss is the mean over the runs' own.
-        row("none", 1e-3, 4.0, init=5.4),
-        row("none", 1e-2, 3.0, init=5.6),
+        # none, d_k 32 (another grid, so not cut to inv_sqrt_dk's): every lr trains; the
+        # initial loss is the mean over the runs' own.
+        row("none", 1e-3, 4.0, init=5.4, d_k=32),
+        row("none", 1e-2, 3.0, init=5.6, d_k=32),
         # One learning rate only: no sensitivity. No initial loss: none either.
         row("inv_dk", 1e-3, 3.0),
-        row("qk_layernorm", 1e-3, 3.0, init=None),
-        row("qk_layernorm", 1e-2, 2.0, init=None),
+        row("qk_layernorm", 1e-3, 3.0, init=None, d_k=32),
+        row("qk_layernorm", 1e-2, 2.0, init=None, d_k=32),
     ]
     # E_lr[min(loss(lr), loss_init)] − min_lr loss(lr), each lr's loss the mean over its seeds.
     per_lr = [(3.0 + 3.2) / 2, 2.5, 5.5, 5.5]
     want_inv_sqrt = sum(per_lr) / 4 - 2.5
     want_none = (4.0 + 3.0) / 2 - 3.0
     got = report.lr_sensitivity(rows)
-    assert set(got) == {"inv_sqrt_dk d_k=64", "none d_k=64"}
+    assert set(got) == {"inv_sqrt_dk d_k=64", "none d_k=32"}
     assert got["inv_sqrt_dk d_k=64"] == pytest.approx(want_inv_sqrt, abs=1e-12)  # 1.65
-    assert got["none d_k=64"] == pytest.approx(want_none, abs=1e-12)
+    assert got["none d_k=32"] == pytest.approx(want_none, abs=1e-12)
+
+
+def test_lr_sensitivity_compares_settings_over_the_lrs_they_share():
+    """A refinement adds LRs near each setting's own best; the mean over the grid counts only
+    the LRs every setting at the d_k ran, per seed as well as over seeds."""
+    base = [(1e-3, 3.0, 3.4), (1e-2, 2.0, 2.6), (1e-1, 4.0, 3.0)]  # lr, inv_sqrt_dk, none
+    rows = [row(policy, lr, final, seed=seed)
+            for lr, a, b in base for policy, final in (("inv_sqrt_dk", a), ("none", b))
+            for seed in (0, 1)]
+    rows += [row("inv_sqrt_dk", 5e-3, 1.0, seed=seed) for seed in (0, 1)]  # its refinement
+    rows += [row("none", 3e-2, 2.5, seed=seed) for seed in (0, 1)]
+    want = {"inv_sqrt_dk d_k=64": (3.0 + 2.0 + 4.0) / 3 - 2.0,
+            "none d_k=64": (3.4 + 2.6 + 3.0) / 3 - 2.6}
+    assert report.lr_sensitivity(rows) == pytest.approx(want)
+    by_seed = comparisons.lr_sensitivity_by_seed(rows)
+    assert by_seed[("none", 64)] == pytest.approx({0: want["none d_k=64"], 1: want["none d_k=64"]})
 
 
 def test_lr_sensitivity_keeps_d_k_and_other_settings_apart():
@@ -328,3 +346,12 @@ def test_cli_refuses_a_reference_policy_without_runs(sweep_dir, tmp_path):
     result = run_report(str(copy), "--reference=learned")
     assert result.returncode == 0, result.stderr
     assert "Noise floor: not measured (no setting of the reference policy learned" in result.stdout
+
+
+def test_lr_sensitivity_not_computed_is_said_when_grids_are_disjoint():
+    """Each policy on its own grid (dk_sweep, mqar): no shared grid, no metric, and the summary
+    says why instead of dropping the section."""
+    rows = [row("inv_sqrt_dk", lr, 3.0) for lr in (1e-3, 3e-3)]
+    rows += [row("none", lr, 3.0) for lr in (1e-4, 3e-4)]
+    assert report.lr_sensitivity(rows) == {}
+    assert "Not computed" in "\n".join(tables.sensitivity_tables(rows, "inv_sqrt_dk"))

@@ -200,3 +200,15 @@ def test_arms_of_the_cpu_grid():
     arms = plot_groups.arms(rows)
     assert [arms(r) for r in rows] == [["width 128"], ["width 128"]]
     assert plot_groups.arms([{"d_k": 16}])({"d_k": 16}) == [""]
+
+
+def test_a_series_without_the_swept_field_is_named_by_it():
+    """lr_sensitivity's z-loss arm: the runs that leave train.z_loss unset are labelled by the
+    field the other arm sets, not by a bare "(other)"."""
+    rows = [{"policy": "inv_sqrt_dk", "d_k": 32, "override:train.z_loss": z} for z in ("", 1e-4)]
+    keys = plot_style.Keys(plot_style.Style.of(rows))
+    for row, second in zip(rows, ("", "z_loss=0.0001"), strict=True):
+        assert plot_groups.second_axis(rows)(row) == [second]
+        keys.series(row["policy"], second, 3)
+    _, labels = keys.handles()
+    assert labels == ["inv_sqrt_dk", "z_loss at default", "z_loss=0.0001"]

@@ -62,7 +62,7 @@ class Compare:
     def describe(self) -> str:
         who = ", ".join(self.policies) or f"every policy but {self.reference}"
         if self.metric == "lr_sensitivity":
-            where = "each seed's curve over the LR grid"
+            where = "each seed's curve over the LRs every setting ran"
         elif self.at == "own_lr":
             where = "each at its one learning rate, located by an earlier study"
         elif self.at == "best_lr":

@@ -249,13 +249,35 @@ def _initial_loss(by_lr: dict[float, list[dict]]) -> float | None:
     return statistics.fmean(init) if len(by_lr) >= 2 and init else None
 
 
+def sensitivity_curves(rows: list[dict]) -> dict[tuple[str, int], dict[float, list[dict]]]:
+    """`curves` kept to the LRs that every setting of its group ran, a group being the settings
+    at one d_k that differ only in policy (those a paired comparison matches; settings of one
+    LR aside). The metric is a mean over the grid, so settings compare only over the same grid:
+    a refined grid adds points near each setting's own best, which would weigh each mean towards
+    its own optimum (Wortsman et al. use one grid for every setting). A group sharing fewer than
+    two LRs has no sensitivity."""
+    found = curves(rows)
+    policy_of = {setting(r): r["policy"] for r in rows}
+
+    def group(name: str, d_k: int) -> tuple[str, int]:
+        return name.removeprefix(policy_of[name]), d_k
+
+    shared: dict = {}
+    for (name, d_k), by_lr in found.items():
+        if len(by_lr) > 1:
+            key = group(name, d_k)
+            shared[key] = shared.get(key, set(by_lr)) & set(by_lr)
+    return {(name, d_k): {lr: runs for lr, runs in by_lr.items() if lr in shared[group(name, d_k)]}
+            for (name, d_k), by_lr in found.items() if len(by_lr) > 1}
+
+
 def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
     """Wortsman et al. 2023: E_lr[min(loss(lr), loss_init) − min_lr loss(lr)], per setting and
     d_k, from final validation losses (a diverged run counts as loss_init, the mean initial
-    validation loss of the group). Each learning rate weighs the same: its loss is the mean over
-    its runs (seeds)."""
+    validation loss of the group), over the LRs its group shares (`sensitivity_curves`). Each learning rate weighs the same: its loss is the mean over its
+    runs (seeds)."""
     out = {}
-    for (name, d_k), by_lr in curves(rows).items():
+    for (name, d_k), by_lr in sensitivity_curves(rows).items():
         if (loss_init := _initial_loss(by_lr)) is None:
             continue
         losses = {lr: [v for r in runs if (v := _loss_or_init(r, loss_init)) is not None]
@@ -268,9 +290,10 @@ def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
 
 def lr_sensitivity_by_seed(rows: list[dict]) -> dict[tuple[str, int], dict[int, float]]:
     """(setting, d_k) -> seed -> that seed's own LR sensitivity (its curve over the grid), so
-    that the metric gets a CI over seeds and pairs by seed across policies."""
+    that the metric gets a CI over seeds and pairs by seed across policies; over the shared
+    grid, as `lr_sensitivity`."""
     out: dict = {}
-    for (name, d_k), by_lr in curves(rows).items():
+    for (name, d_k), by_lr in sensitivity_curves(rows).items():
         if (loss_init := _initial_loss(by_lr)) is None:
             continue
         per_seed: dict = defaultdict(dict)

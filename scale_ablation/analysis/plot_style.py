@@ -62,6 +62,14 @@ class Style:
         return {"color": self.colours.get(policy, "k"), "linestyle": linestyle, "marker": marker}
 
 
+def unset_label(seconds) -> str:
+    """The legend's name for the series without a second-axis value: the fields the other series
+    set, at their defaults ("z_loss at default"), rather than a bare "(other)"."""
+    fields = dict.fromkeys(part.split("=")[0] for second in seconds if second
+                           for part in second.split(", ") if "=" in part)
+    return f"{', '.join(fields)} at default" if fields else "(other)"
+
+
 class Keys:
     """The entries of a figure's one legend: the policies drawn (colour), the second-axis
     values drawn (style), then marks (baselines, diverged, ...), each once."""
@@ -89,7 +97,7 @@ class Keys:
             for second in self.seconds:
                 linestyle, marker = self.style.seconds.get(second, ("-", "o"))
                 handles.append(Line2D([], [], color="0.2", linestyle=linestyle, marker=marker))
-                labels.append(second or "(other)")
+                labels.append(second or unset_label(self.seconds))
         return handles + list(self.marks.values()), labels + list(self.marks)
 
     def title(self, what: str = "mean over seeds", band: str = "95% CI") -> str:

@@ -172,7 +172,7 @@ def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str
     if rule.log10 and rule.metric not in ("primary", "lr_sensitivity"):
         rows = cmp.log10_rows(rows, rule.metric)
     if rule.metric == "lr_sensitivity":
-        found, split = cmp.paired_sensitivity(rows, rule.reference), "the LR grid"
+        found, split = cmp.paired_sensitivity(rows, rule.reference), "the shared LR grid"
         higher = False
     else:
         chosen = key if rule.metric == "primary" else rule.metric
