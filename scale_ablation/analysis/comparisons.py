@@ -249,32 +249,30 @@ def _initial_loss(by_lr: dict[float, list[dict]]) -> float | None:
     return statistics.fmean(init) if len(by_lr) >= 2 and init else None
 
 
+SHARED_LRS_MIN = 2  # the metric is a mean over a grid less its minimum: one LR gives 0
+
+
 def sensitivity_curves(rows: list[dict]) -> dict[tuple[str, int], dict[float, list[dict]]]:
-    """`curves` kept to the LRs that every setting of its group ran, a group being the settings
-    at one d_k that differ only in policy (those a paired comparison matches; settings of one
-    LR aside). The metric is a mean over the grid, so settings compare only over the same grid:
-    a refined grid adds points near each setting's own best, which would weigh each mean towards
-    its own optimum (Wortsman et al. use one grid for every setting). A group sharing fewer than
-    two LRs has no sensitivity."""
+    """`curves` kept to the LRs that every setting at its d_k ran (settings of one LR aside),
+    so that every value in a d_k's column is a mean over one grid: a refined grid adds points
+    near each setting's own best, which would weigh each mean towards its own optimum (Wortsman
+    et al. use one grid for every setting). A d_k whose settings share fewer than
+    SHARED_LRS_MIN LRs (each policy on its own grid, as in dk_sweep) has no sensitivity."""
     found = curves(rows)
-    policy_of = {setting(r): r["policy"] for r in rows}
-
-    def group(name: str, d_k: int) -> tuple[str, int]:
-        return name.removeprefix(policy_of[name]), d_k
-
     shared: dict = {}
-    for (name, d_k), by_lr in found.items():
+    for (_, d_k), by_lr in found.items():
         if len(by_lr) > 1:
-            key = group(name, d_k)
-            shared[key] = shared.get(key, set(by_lr)) & set(by_lr)
-    return {(name, d_k): {lr: runs for lr, runs in by_lr.items() if lr in shared[group(name, d_k)]}
-            for (name, d_k), by_lr in found.items() if len(by_lr) > 1}
+            shared[d_k] = shared.get(d_k, set(by_lr)) & set(by_lr)
+    return {(name, d_k): {lr: runs for lr, runs in by_lr.items() if lr in shared[d_k]}
+            for (name, d_k), by_lr in found.items()
+            if len(by_lr) > 1 and len(shared[d_k]) >= SHARED_LRS_MIN}
 
 
 def lr_sensitivity(rows: list[dict]) -> dict[str, float]:
     """Wortsman et al. 2023: E_lr[min(loss(lr), loss_init) − min_lr loss(lr)], per setting and
     d_k, from final validation losses (a diverged run counts as loss_init, the mean initial
-    validation loss of the group), over the LRs its group shares (`sensitivity_curves`). Each learning rate weighs the same: its loss is the mean over its
+    validation loss of the group), over the LRs every setting at the d_k ran
+    (`sensitivity_curves`). Each learning rate weighs the same: its loss is the mean over its
     runs (seeds)."""
     out = {}
     for (name, d_k), by_lr in sensitivity_curves(rows).items():

@@ -208,14 +208,14 @@ def sensitivity_tables(rows: list[dict], reference: str) -> list[str]:
     sensitivity = cmp.lr_sensitivity(rows)
     title = "## LR sensitivity (Wortsman et al. 2023; lower is more robust)"
     if not sensitivity:  # said, so that a reader of a grid-per-policy study knows why
-        return [title, "", "Not computed: the settings that differ only in policy share fewer "
-                "than two learning rates at every d_k (each ran its own grid), and the metric, "
-                "a mean over the grid, compares only over one grid."
+        return [title, "", "Not computed: at every d_k the settings share fewer than "
+                f"{cmp.SHARED_LRS_MIN} learning rates (each ran its own grid), and the metric, a "
+                "mean over the grid, compares settings only over one grid."
                 ] if cmp.has_lr_grid(rows) else []
     lines = [title, "",
-             "From the seed-mean loss at each LR that every setting differing only in policy ran "
-             "at the d_k (LRs a refinement added near one setting's best left out; none where "
-             "they share fewer than two); only diverged runs count as the initial loss.",
+             "From the seed-mean loss at each LR that every setting at the d_k ran (LRs a "
+             "refinement added near one setting's best left out), so that a column compares "
+             "over one grid; only diverged runs count as the initial loss.",
              "", "| policy, d_k | LR sensitivity (nats) |", "|---|---|"]
     lines += [f"| {k} | {v:.4f} |" for k, v in sensitivity.items()]
     by_seed = cmp.lr_sensitivity_by_seed(rows)
