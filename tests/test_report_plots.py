@@ -212,3 +212,24 @@ def test_a_series_without_the_swept_field_is_named_by_it():
         keys.series(row["policy"], second, 3)
     _, labels = keys.handles()
     assert labels == ["inv_sqrt_dk", "z_loss at default", "z_loss=0.0001"]
+
+
+def test_learned_scale_plot_fits_the_runs_at_each_best_lr():
+    """Runs at the best LR follow s = 2·d_k^(−3/4); those at a worse LR sit elsewhere: the
+    drawn fit has slope −3/4 (the law, read off the line's ends) and the legend says it."""
+    rows = []
+    for d_k in (8, 32, 128):
+        for lr, bpb, scale in ((1e-2, 2.7, 2 * d_k ** -0.75), (3e-2, 2.9, 1.0)):
+            for seed in (0, 1):
+                rows.append({"policy": "learned", "d_k": d_k, "lr": lr, "seed": seed,
+                             "status": "completed", "final_val_bpb": bpb + 0.01 * seed,
+                             "final_learned_scale": scale})
+    fig = report_plots.plot_learned_scale(rows)
+    (ax,) = fig.axes
+    (fit,) = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+    x, y = (np.log(values) for values in fit.get_data())
+    assert (y[-1] - y[0]) / (x[-1] - x[0]) == pytest.approx(-0.75)
+    assert "fit, learned: slope -0.75" in [t.get_text() for t in fig.legends[0].get_texts()]
+    (filled,) = [line for line in ax.get_lines() if line.get_gid() == "learned"]
+    assert sorted(filled.get_ydata()) == pytest.approx(sorted(2 * d ** -0.75 for d in (8, 32, 128)
+                                                              for _ in (0, 1)))

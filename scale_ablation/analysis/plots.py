@@ -16,10 +16,11 @@ import os
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import exponent_plots, transfer_plots
+from scale_ablation.analysis import exponent, exponent_plots, transfer_plots
 from scale_ablation.analysis import plot_groups as groups
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.records import metrics_rows as rm
@@ -127,6 +128,9 @@ def _by_x(rows: list[dict], x_of: Callable, key: str, log_y: bool) -> list[group
     return points
 
 
+DK_LABEL = "d_k (q/k width of a head)"
+
+
 def _at_best_lr(rows: list[dict]) -> list[dict]:
     """The runs at their setting's best LR (all runs without an LR grid)."""
     if not cmp.has_lr_grid(rows):
@@ -179,7 +183,7 @@ def plot_final_vs_dk(rows: list[dict], style: look.Style | None = None) -> Figur
         ax.set_title(grid.title(i, j), fontsize=9)
         look.baselines(ax, rows, "accuracy" if higher else "bpb", keys, corner="left")
     metric = "recall accuracy" if higher else "validation bits per byte"
-    look.axis_labels(axes, used, "d_k (head_dim)", f"final {metric}")
+    look.axis_labels(axes, used, DK_LABEL, f"final {metric}")
     best = " at its best LR" if cmp.has_lr_grid(rows) else ""
     return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\nmean over seeds"))
 
@@ -244,7 +248,9 @@ def _mark_unstable(ax, members: list[dict], centres: dict[float, float], colour:
 
 
 def plot_learned_scale(rows: list[dict], style: look.Style | None = None) -> Figure | None:
-    """Each run's final learned scale (mean over layers) against d_k, beside 1/√d_k."""
+    """Each run's final learned scale (mean over layers) against d_k, beside 1/√d_k: filled at
+    its setting's best LR (the runs the exponent claims fit), faint at the other LRs, with the
+    least-squares line of log s on log d_k through the filled points and its slope."""
     learned = [r for r in rows if r.get("final_learned_scale") not in (None, "")]
     if not learned:
         return None
@@ -252,20 +258,33 @@ def plot_learned_scale(rows: list[dict], style: look.Style | None = None) -> Fig
     fig = Figure(figsize=(5.5 + look.LEGEND_INCHES, 4), layout="constrained")
     ax = fig.subplots()
     keys = look.Keys(style)
+    best = {id(r) for r in _at_best_lr(learned)}
     for policy in dict.fromkeys(r["policy"] for r in learned):
-        points = sorted((r["d_k"], r["final_learned_scale"]) for r in learned
-                        if r["policy"] == policy)
-        ax.plot(*zip(*points, strict=True), "o", color=style.colours[policy], gid=policy,
-                alpha=0.8)
+        colour = style.colours[policy]
+        mine = [r for r in learned if r["policy"] == policy]
+        chosen = sorted((r["d_k"], r["final_learned_scale"]) for r in mine if id(r) in best)
+        others = [(r["d_k"], r["final_learned_scale"]) for r in mine if id(r) not in best]
+        if others:
+            ax.plot(*zip(*others, strict=True), ".", color=colour, alpha=0.3)
+        ax.plot(*zip(*chosen, strict=True), "o", color=colour, gid=policy, alpha=0.9)
         keys.series(policy, "", 1)
-    head_dims = sorted({r["d_k"] for r in rows})
-    ax.plot(head_dims, [1 / math.sqrt(d) for d in head_dims], "k--")
-    keys.mark("1/√d_k", color="k", linestyle="--")
-    _log2_ticks(ax, head_dims)
+        if len({d for d, _ in chosen}) > 1:
+            log_dk, log_s = np.log(np.array(chosen, dtype=float)).T  # (points, 2) -> 2 × (points,)
+            slope, intercept, _ = exponent.ols(log_dk, log_s)
+            ends = np.array([log_dk.min(), log_dk.max()])
+            ax.plot(np.exp(ends), np.exp(intercept + slope * ends), "-", color=colour, lw=1)
+            keys.mark(f"fit, {policy}: slope {slope:+.2f}", color=colour, linestyle="-")
+    d_ks = sorted({r["d_k"] for r in rows})
+    ax.plot(d_ks, [1 / math.sqrt(d) for d in d_ks], "k--")
+    keys.mark("1/√d_k (slope −0.5)", color="k", linestyle="--")
+    if len(best) < len(learned):
+        keys.mark("faint: at other LRs", color="0.5", marker=".", linestyle="none")
+    _log2_ticks(ax, d_ks)
     look.log_y(ax)
-    ax.set_xlabel("d_k (head_dim)")
+    ax.set_xlabel(DK_LABEL)
     ax.set_ylabel("final learned scale (mean over layers)")
-    return look.finish(fig, [[ax]], {(0, 0)}, keys, "one point per run")
+    return look.finish(fig, [[ax]], {(0, 0)}, keys,
+                       "one point per run, filled at\nits setting's best LR")
 
 
 def _inv_sqrt_dk(ax, d_k: int, keys: look.Keys) -> None:
