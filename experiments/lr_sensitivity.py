@@ -1,7 +1,7 @@
 r"""LR sensitivity and attention-logit growth (Wortsman et al. 2023, "Small-scale proxies").
 
   python -m scale_ablation.sweep --config=experiments/lr_sensitivity.py:cpu \
-      --workdir=runs/lr_sensitivity_cpu
+      --workdir=runs/lr_sensitivity_cpu --refine
 
 A log-spaced learning-rate grid × seeds × policies × d_k: each policy is compared at its own best
 learning rate, and final loss against LR is the curve Wortsman et al. plot. The report gives, per
@@ -32,9 +32,12 @@ Variants:
   ~0.007 bits per byte, below the noise floor; half the base cpu's, to keep the scoring at 4% of a
   run) and the compilations of its three programs (the scalar policies share one; QK-LayerNorm
   and z-loss have their own): ~95 min (`--plan`, without a cpu throughput table, says 4.3
-  device-hours at 40% of the matmul rate it measured on the loaded machine). Three
-  seeds: with two, a paired test has one degree of freedom and none survives Holm over the
-  family's 8 tests.
+  device-hours at 40% of the matmul rate it measured on the loaded machine). `--refine` (as
+  `launch/cpu_studies.sh` runs it) then added two LRs about each arm's best in each of two
+  rounds: 11 LRs an arm, 165 runs, 1.09 h summed over 9 ensembles; the sensitivity is taken over
+  the 7 LRs every arm ran (`comparisons.sensitivity_curves`), the refined points locate the
+  bests. Three seeds: with two, a paired test has one degree of freedom and none survives Holm
+  over the family's 8 tests.
 - default (one accelerator): width as the axis, d_model 256, 512, 1024 with heads of d_k 64, the
   same 7 LRs × 3 seeds, 3000 steps, the same five arms.
 - `quick` (smoke test, a few minutes on 2 cores): 1/√d_k with and without z-loss and QK-LayerNorm
