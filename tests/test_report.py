@@ -355,3 +355,24 @@ def test_lr_sensitivity_not_computed_is_said_when_grids_are_disjoint():
     rows += [row("none", lr, 3.0) for lr in (1e-4, 3e-4)]
     assert report.lr_sensitivity(rows) == {}
     assert "Not computed" in "\n".join(tables.sensitivity_tables(rows, "inv_sqrt_dk"))
+
+
+def test_grid_table_lists_each_setting_in_first_seen_order_with_its_lrs_ascending():
+    """A refined sweep's added LRs are run last; the table still reads them in LR order."""
+    lrs = {"inv_sqrt_dk": (1e-2, 1e-3, 3e-2, 5.6e-3), "none": (3e-3, 1e-4, 1e-3)}
+    rows = [dict(row(p, lr, 3.0), **{"override:train.lr": lr, "final_val_bpb": 4.0})
+            for p in lrs for lr in lrs[p]]
+    lines = tables.grid_table(rows, "final_val_bpb", "t")
+    listed = [(m[1], float(m[2])) for line in lines
+              if (m := re.match(r"\| (\S+) \(lr=([\d.e-]+)\)", line))]
+    assert listed == [(p, lr) for p in lrs for lr in sorted(lrs[p])]
+
+
+def test_noise_floor_says_when_the_study_has_no_reference_runs():
+    rows = [dict(row("qk_rmsnorm", lr, 3.0, seed=s), final_val_bpb=4.0 + s / 10)
+            for lr in (1e-3, 3e-3) for s in (0, 1)]
+    assert "has no runs of the reference policy inv_sqrt_dk" in " ".join(
+        tables.noise_floor_lines(rows, "inv_sqrt_dk", "final_val_bpb"))
+    rows += [dict(r, policy="inv_sqrt_dk") for r in rows]  # now it has: a floor is measured
+    assert "seed-to-seed std of inv_sqrt_dk" in " ".join(
+        tables.noise_floor_lines(rows, "inv_sqrt_dk", "final_val_bpb"))

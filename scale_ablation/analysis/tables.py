@@ -74,9 +74,16 @@ def baseline_line(rows: list[dict], key: str) -> list[str]:
     return [f"Baselines (recall accuracy): {'; '.join(found)}.", ""]
 
 
+def by_setting_then_lr(rows: list[dict]) -> list[dict]:
+    """`rows` with each setting's in first-seen order and its LRs ascending: a refined grid's
+    added LRs come last in the runs, but a reader scans a setting's LRs in order."""
+    first_seen = {name: i for i, name in enumerate(dict.fromkeys(map(cmp.setting, rows)))}
+    return sorted(rows, key=lambda r: (first_seen[cmp.setting(r)], r.get("lr") or 0.0))
+
+
 def grid_table(rows: list[dict], key: str, title: str, digits: int = 3) -> list[str]:
-    groups: dict[str, dict[int, list[dict]]] = {}  # variant -> d_k -> rows, in first-seen order
-    for r in rows:
+    groups: dict[str, dict[int, list[dict]]] = {}  # variant -> d_k -> rows
+    for r in by_setting_then_lr(rows):
         groups.setdefault(cmp.variant(r), {}).setdefault(r["d_k"], []).append(r)
     head_dims = sorted({r["d_k"] for r in rows})
     lines = [f"# {title}", "", *baseline_line(rows, key),
@@ -91,14 +98,21 @@ def grid_table(rows: list[dict], key: str, title: str, digits: int = 3) -> list[
 def noise_floor_lines(rows: list[dict], reference: str, key: str) -> list[str]:
     floor = cmp.noise_floor(rows, reference, key)
     what = key.removeprefix("final_")
+    if floor is None and not any(r["policy"] == reference for r in rows):
+        return [f"Noise floor: not measured (the study has no runs of the reference policy "
+                f"{reference}).", ""]
     if floor is None:
         return [f"Noise floor: not measured (no setting of the reference policy {reference} "
                 f"has two or more completed seeds).", ""]
     seeds = (f"{min(floor.seeds)}" if min(floor.seeds) == max(floor.seeds)
              else f"{min(floor.seeds)}–{max(floor.seeds)}")
+    if len(floor.stds) == 1:
+        spread = f"one group of one LR and d_k, {seeds} completed seeds"
+    else:
+        spread = (f"median over {len(floor.stds)} groups of one LR and d_k; range "
+                  f"{min(floor.stds):.4f}–{max(floor.stds):.4f}; {seeds} completed seeds each")
     return [f"Noise floor: the seed-to-seed std of {reference}'s {what} is "
-            f"{floor.median:.4f} (median over {len(floor.stds)} groups of one LR and d_k; range "
-            f"{min(floor.stds):.4f}–{max(floor.stds):.4f}; {seeds} completed seeds each). "
+            f"{floor.median:.4f} ({spread}). "
             "Differences smaller than this are not resolved by single runs.", ""]
 
 
