@@ -26,7 +26,9 @@ declare -A COMMAND=(
   [mqar_cpu]="--config=experiments/mqar.py:cpu --refine --refine_rounds=1"
   [lr_sensitivity_cpu]="--config=experiments/lr_sensitivity.py:cpu --refine"
   [learned_scale_cpu]="--config=experiments/learned_scale.py:cpu --refine"
-  [precision_cpu]="--config=experiments/precision.py:cpu --refine"
+  # No --refine: precision's claims compare the arms at each fixed LR >= 0.015 (where logits
+  # grow); LRs a refinement would add below its grid enter none of them.
+  [precision_cpu]="--config=experiments/precision.py:cpu"
   [stability_cpu]="--config=experiments/stability.py:cpu --refine"
   [init_gain_cpu]="--config=experiments/init_gain.py:cpu --refine"
   [norm_placement_cpu]="--config=experiments/norm_placement.py:cpu --refine"
