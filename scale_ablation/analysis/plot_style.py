@@ -21,7 +21,7 @@ from matplotlib import colormaps
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure  # no pyplot: no global state, no display backend
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import LogFormatterSciNotation
 
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import plot_groups
@@ -156,11 +156,16 @@ def axis_labels(axes: list[list], used: set[tuple[int, int]], xlabel: str, ylabe
 
 
 def log_y(ax, centres: list[float] | None = None) -> None:
-    """A log y axis labelled at its decades only (minor labels crowd a small panel). With
-    `centres`, the range is theirs widened by half a decade: an interval of two seeds can span
-    many decades and would flatten every line; its bar runs off the panel instead."""
+    """A log y axis labelled at its decades, and at a few minor ticks (2, 3, 5 …) only where
+    it spans under one decade, which may hold one decade label or none (every minor label
+    would crowd a small panel). With `centres`, the range is theirs widened by half a decade:
+    an interval of two seeds can span many decades and would flatten every line; its bar runs
+    off the panel instead."""
     ax.set_yscale("log")
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    # Decided at draw time, from the final limits: no minor labels over one decade, a subset
+    # of them from 1 down to 0.1 decade, all below.
+    ax.yaxis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False,
+                                                         minor_thresholds=(1.0, 0.1)))
     if centres:
         ax.set_ylim(min(centres) / 3, max(centres) * 3)
 
