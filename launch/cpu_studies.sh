@@ -8,9 +8,9 @@
 #   bash launch/cpu_studies.sh [--commit] [STUDY ...] # default: every study, in the order listed
 #
 # For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
-# by an earlier, interrupted session), the study's sweep runs in the background, and each time
-# more runs finish their record files are stashed again (`publish --record_only`; with
-# --commit, the stash alone is committed). When the sweep ends it is published into
+# by an earlier, interrupted session) and from its published run files, the study's sweep runs
+# in the background, and each time more runs finish their record files are stashed again
+# (`publish --record_only`; with --commit, the stash alone is committed). When the sweep ends it is published into
 # experiments/results/STUDY (report, run files, the READMEs' quotes), the monitoring bands are
 # recomputed (experiments/results/monitoring_bands.md) and the stash goes. A study published for
 # the first time is left uncommitted, its stash kept, and the programme stops there: its
@@ -96,6 +96,9 @@ run_study() {
   local study=$1 pending=experiments/pending/$1 pid
   mkdir -p "runs/$study"
   [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "runs/$study/"
+  # A published study whose design grew (precision_cpu) trains only the runs it lacks.
+  local published=experiments/results/$study/run_files
+  [[ -d $published ]] && cp -rn "$published/." "runs/$study/"
   # What the stash holds, not what runs/ holds: runs finished before an interruption are
   # stashed at the first poll.
   stashed=$(count_finished "$pending/run_files")

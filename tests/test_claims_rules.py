@@ -288,3 +288,54 @@ def test_claims_md_names_refine_when_the_sweep_was_refined(tmp_path):
         assert claims_markdown.write_claims(claim, "exp.py:cpu", str(tmp_path), rows, str(out))
         command = f"--config=exp.py:cpu --workdir={tmp_path}" + (" --refine" if refined else "")
         assert f"`python -m scale_ablation.sweep {command}`" in out.read_text()
+
+
+def dtype_rows(diverged: dict[tuple[str, float], int], seeds: int = 5) -> list[dict]:
+    """Runs of two logits arms × two scale policies; `diverged[(arm, lr)]` of each policy's
+    `seeds` runs at that LR diverged (no final value), the rest completed."""
+    rows = []
+    for (arm, lr), k in diverged.items():
+        for policy in ("none", "inv_sqrt_dk"):
+            for seed in range(seeds):
+                status = "diverged" if seed < k else "completed"
+                rows.append(row(policy, 32, lr, seed, status=status, **{
+                    "override:model.logits_dtype": arm,
+                    "final_val_bpb": None if status == "diverged" else 3.0}))
+    return rows
+
+
+def diverges(expect, policies, reference):
+    return c.Arms(c.Diverges(expect, policies, reference), field="model.logits_dtype")
+
+
+def test_diverges_counts_every_scale_policy_per_lr_by_fisher():
+    rows = dtype_rows({("float16", 1e-2): 5, ("float32", 1e-2): 0,
+                       ("float16", 1e-3): 0, ("float32", 1e-3): 0})
+    found = verdict(diverges("more", ("float16",), "float32"), rows)
+    # Both scale policies together: 10 of 10 against 0 of 10 at 1e-2; 0 of 10 each at 1e-3.
+    p = sps.fisher_exact([[10, 0], [0, 10]]).pvalue
+    line = next(n for n in found.numbers if "lr=0.01" in n)
+    assert "10 of 10 diverged against float32 0 of 10" in line, found
+    assert f"Fisher p = {p:.3g}, Holm {min(1.0, 2 * p):.3g}" in line, found
+    assert found.verdict == "supported", found
+    cure = verdict(diverges("fewer", ("float32",), "float16"), rows)
+    assert cure.verdict == "supported", cure
+
+
+def test_diverges_is_contradicted_by_the_opposite_count_and_by_no_divergence():
+    opposite = dtype_rows({("float16", 1e-2): 0, ("float32", 1e-2): 5})
+    assert verdict(diverges("more", ("float16",), "float32"), opposite).verdict == "contradicted"
+    healthy = dtype_rows({("float16", 1e-2): 0, ("float32", 1e-2): 0})
+    assert verdict(diverges("more", ("float16",), "float32"), healthy).verdict == "contradicted"
+    # Nothing diverged: a cure has nothing to cure.
+    cure = verdict(diverges("fewer", ("float32",), "float16"), healthy)
+    assert cure.verdict == "inconclusive" and "nothing to cure" in cure.reason, cure
+
+
+def test_diverges_at_three_seeds_each_is_not_decided():
+    """3 of 3 against 0 of 3 (one policy) is Fisher p = 0.1: too few runs to decide."""
+    rows = [r for r in dtype_rows({("float16", 1e-2): 3, ("float32", 1e-2): 0}, seeds=3)
+            if r["policy"] == "none"]
+    found = verdict(diverges("more", ("float16",), "float32"), rows)
+    assert sps.fisher_exact([[3, 0], [0, 3]]).pvalue == pytest.approx(0.1)
+    assert found.verdict == "inconclusive", found

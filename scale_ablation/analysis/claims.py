@@ -24,7 +24,10 @@ Band: where a value ends relative to a policy's scale at each d_k (the learned s
 
 Counts: solved fractions for bimodal outcomes (MQAR), Wilson intervals and Fisher's exact test.
 
-Arms: a Compare or Unstable rule whose "policies" are the values of one swept field (float32
+Diverges: how many runs diverged at each learning rate, the listed policies (or arms) against the
+reference, by Fisher's exact test.
+
+Arms: a Compare, Unstable or Diverges rule whose "policies" are the values of one swept field (float32
 against activation-dtype logits), restricted to runs with given overrides, scale policies and
 learning rates.
 """
@@ -120,9 +123,37 @@ class Counts:
 
 
 @dataclasses.dataclass(frozen=True)
+class Diverges:
+    """Divergence counts: at each learning rate, how many runs of each listed policy (or arm)
+    diverged (a non-finite loss) against the reference's runs at that LR and d_k, every scale
+    policy and seed among the rows counted together, by Fisher's exact test. Unlike `Unstable`
+    it cannot be confounded by the entropy collapse every dtype shows at a too-large LR."""
+
+    expect: str  # "more" | "fewer": the policies' divergences against the reference's
+    policies: tuple[str, ...]
+    reference: str
+
+    def __post_init__(self) -> None:
+        if self.expect not in ("more", "fewer"):
+            raise ValueError(f"Diverges.expect must be more or fewer, got {self.expect!r}")
+
+    def describe(self) -> str:
+        who = ", ".join(self.policies)
+        nothing = (f"contradicted if no run of {who} diverged" if self.expect == "more" else
+                   f"inconclusive if no run of {self.reference} diverged (nothing to cure)")
+        return (f"supported if {who} diverge in {self.expect} runs than {self.reference} at "
+                f"some learning rate and in {OPPOSITE_COUNT[self.expect]} at none (each LR's "
+                f"runs counted over scale policies and seeds; Fisher's exact test, "
+                f"Holm-corrected over the study's family); {nothing}")
+
+
+OPPOSITE_COUNT = {"more": "fewer", "fewer": "more"}
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
     text: str  # the article's claim, in its words
-    rule: Compare | Unstable | Band | Arms | Counts
+    rule: Compare | Unstable | Band | Arms | Counts | Diverges
     source: str = ""  # where it is made, e.g. "article §1"
 
 
@@ -170,14 +201,14 @@ class Band:
 
 @dataclasses.dataclass(frozen=True)
 class Arms:
-    """A `Compare` or `Unstable` rule over the values of one swept field (the arms, e.g.
+    """A `Compare`, `Unstable` or `Diverges` rule over the values of one swept field (the arms, e.g.
     `model.logits_dtype`: "float32", "activation") instead of over scale policies: the rule's
     `policies` and `reference` name arms, and a run is paired with the run of the reference arm
     that matches it in everything else (scale policy, seed, LR, other fields). Only the runs
     with every `where` override, of the listed scale `policies` (empty: all) and at LR >=
     `min_lr` take part."""
 
-    rule: Compare | Unstable
+    rule: Compare | Unstable | Diverges
     field: str
     where: tuple[tuple[str, object], ...] = ()
     policies: tuple[str, ...] = ()

@@ -16,6 +16,9 @@ The rules, stated once:
   supports a claim of no difference.
 - **Counts** (`Counts`): a run is a success when its metric reaches the claim's threshold;
   solved fractions with Wilson intervals, and Fisher's exact test against the reference.
+- **Divergence counts** (`Diverges`): at each learning rate, the runs that diverged against the
+  reference's at that LR, by Fisher's exact test; the claim is decided by the LRs whose adjusted
+  p < ALPHA.
 - **Choose on validation, report on test**: best learning rates are chosen on the validation
   metric, and comparisons use the test split's metric when every finished run has one
   (`comparisons.report_metric`); the numbers say which split they come from.
@@ -38,11 +41,13 @@ from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import failures, significance, stats
 from scale_ablation.analysis.claims import (
     OPPOSITE,
+    OPPOSITE_COUNT,
     Arms,
     Band,
     Claim,
     Compare,
     Counts,
+    Diverges,
     Unstable,
     Verdict,
 )
@@ -281,6 +286,62 @@ def _solved(rule: Counts, rows: list[dict],
     return out
 
 
+class _Divergences:
+    """A Diverges rule: (diverged, finished) runs per policy, d_k and LR, Fisher against the
+    reference's runs at the same d_k and LR."""
+
+    def __init__(self, rule: Diverges, rows: list[dict]) -> None:
+        counts: dict = defaultdict(lambda: [0, 0])  # (policy, d_k, lr) -> [diverged, runs]
+        for r in rows:
+            if r["status"] in ("completed", "diverged"):
+                count = counts[(r["policy"], r["d_k"], r["lr"])]
+                count[0] += r["status"] == "diverged"
+                count[1] += 1
+        self.rule = rule
+        self.reference_diverged = sum(c[0] for (p, _, _), c in counts.items()
+                                      if p == rule.reference)
+        self.entries = [(p, d_k, lr, tuple(c), tuple(counts[(rule.reference, d_k, lr)]))
+                        for (p, d_k, lr), c in sorted(counts.items())
+                        if p in rule.policies and (rule.reference, d_k, lr) in counts]
+        self.fisher = [_Test(significance.fisher_exact_p(*count, *ref))
+                       for *_, count, ref in self.entries]
+
+    def tests(self) -> list[_Test]:
+        return self.fisher
+
+    def decision(self, i: int) -> str:
+        *_, (k, n), (k_ref, n_ref) = self.entries[i]
+        if self.fisher[i].adjusted >= ALPHA:
+            return stats.UNRESOLVED
+        return "more" if k / n > k_ref / n_ref else "fewer"
+
+    def verdict(self, caveats: list[str]) -> Verdict:
+        numbers = tuple(self._line(i) for i in range(len(self.entries)))
+        expect = self.rule.expect
+        if not self.entries:
+            return Verdict("inconclusive", "no runs to count", numbers)
+        decisions = [self.decision(i) for i in range(len(self.entries))]
+        if any(d == OPPOSITE_COUNT[expect] for d in decisions):
+            return Verdict("contradicted", "decided against the claim at some LR", numbers)
+        if expect == "more" and not any(count[0] for *_, count, _ in self.entries):
+            return Verdict("contradicted", f"no run of {', '.join(self.rule.policies)} "
+                           "diverged", numbers)
+        if expect == "fewer" and not self.reference_diverged:
+            return Verdict("inconclusive", f"no run of {self.rule.reference} diverged: "
+                           "nothing to cure", numbers)
+        if caveats or expect not in decisions:
+            return Verdict("inconclusive", "not resolved by the counts", numbers)
+        lrs = ", ".join(f"{e[2]:.3g}" for e, d in zip(self.entries, decisions, strict=True)
+                        if d == expect)
+        return Verdict("supported", f"{expect} divergences at LR {lrs}", numbers)
+
+    def _line(self, i: int) -> str:
+        policy, d_k, lr, (k, n), (k_ref, n_ref) = self.entries[i]
+        return (f"{policy}, d_k={d_k}, lr={lr:.3g}: {k} of {n} diverged against "
+                f"{self.rule.reference} {k_ref} of {n_ref}; Fisher {_p_text(self.fisher[i])} "
+                f"→ {self.decision(i)}")
+
+
 # --------------------------------------------------------------------------- trains smoothly
 
 
@@ -348,6 +409,8 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
             parts.append(_Comparison(rule, claim_rows, margin))
         elif isinstance(rule, Counts):
             parts.append(_Counting(rule, claim_rows))
+        elif isinstance(rule, Diverges):
+            parts.append(_Divergences(rule, claim_rows))
         else:
             parts.append((rule, claim_rows))
     _adjust([t for part in parts if hasattr(part, "tests") for t in part.tests()])
