@@ -40,8 +40,8 @@ Learning rates where the logits grow. The LRs were chosen from the first LR-sens
 replaced it, has 38 and 566, 557 and 5.1·10^3, 1.7·10^4 and 1.3·10^5 at the same LRs. The cpu
 arms run at 1.78e-2 and 6.81e-2 (and, since the third study, 4.64e-3 and 9.1e-3): the divergence
 counts are taken at the two large LRs, the final losses compared at each LR >= 4e-3
-(`PRECISION_MIN_LR`), paired by seed, policy and LR. 0.261 is left out: single cpu runs of `none` in float16 diverged there after ~40
-steps with either logits dtype.
+(`PRECISION_MIN_LR`), paired by seed, policy and LR. 0.261 is left out: single cpu runs of
+`none` in float16 diverged there after ~40 steps with either logits dtype.
 
 What overflows. The first cpu study (72 runs at `52c945e`) had every float16 run at LR >= 1.78e-2
 diverge, with float16 and float32 logits alike, and the logits below 65504: it was the MLP's

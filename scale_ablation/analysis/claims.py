@@ -27,9 +27,9 @@ Counts: solved fractions for bimodal outcomes (MQAR), Wilson intervals and Fishe
 Diverges: how many runs diverged at each learning rate, the listed policies (or arms) against the
 reference, by Fisher's exact test.
 
-Arms: a Compare, Unstable or Diverges rule whose "policies" are the values of one swept field (float32
-against activation-dtype logits), restricted to runs with given overrides, scale policies and
-learning rates.
+Arms: a Compare, Unstable or Diverges rule whose "policies" are the values of one swept field
+(float32 against activation-dtype logits), restricted to runs with given overrides, scale
+policies and learning rates.
 """
 
 from __future__ import annotations
@@ -201,8 +201,8 @@ class Band:
 
 @dataclasses.dataclass(frozen=True)
 class Arms:
-    """A `Compare`, `Unstable` or `Diverges` rule over the values of one swept field (the arms, e.g.
-    `model.logits_dtype`: "float32", "activation") instead of over scale policies: the rule's
+    """A `Compare`, `Unstable` or `Diverges` rule over the values of one swept field (the arms,
+    e.g. `model.logits_dtype`: "float32", "activation") instead of over scale policies: the rule's
     `policies` and `reference` name arms, and a run is paired with the run of the reference arm
     that matches it in everything else (scale policy, seed, LR, other fields). Only the runs
     with every `where` override, of the listed scale `policies` (empty: all) and at LR >=
