@@ -41,7 +41,6 @@ from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import failures, significance, stats
 from scale_ablation.analysis.claims import (
     OPPOSITE,
-    OPPOSITE_COUNT,
     Arms,
     Band,
     Claim,
@@ -52,6 +51,7 @@ from scale_ablation.analysis.claims import (
     Verdict,
 )
 from scale_ablation.analysis.verdict_bands import judge_band
+from scale_ablation.analysis.verdict_counts import Counting, Divergences, Test, p_text, split_of
 
 ALPHA = significance.ALPHA
 LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned beyond counting
@@ -83,14 +83,7 @@ def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
 # --------------------------------------------------------------------------- one family of tests
 
 
-class _Test:
-    """One hypothesis test of the family: its raw p-value, and the adjusted one once known."""
-
-    def __init__(self, p: float) -> None:
-        self.p, self.adjusted = p, math.nan
-
-
-def _adjust(tests: Sequence[_Test]) -> None:
+def _adjust(tests: Sequence[Test]) -> None:
     for test, adjusted in zip(tests, significance.holm([t.p for t in tests]), strict=True):
         test.adjusted = adjusted
 
@@ -100,10 +93,6 @@ def _direction(pair: cmp.Paired, higher_is_better: bool) -> str:
     return "better" if lower != higher_is_better else "worse"
 
 
-def _p_text(test: _Test) -> str:
-    return "p n/a" if math.isnan(test.p) else f"p = {test.p:.3g}, Holm {test.adjusted:.3g}"
-
-
 class _Comparison:
     """A Compare rule's paired differences and their tests, decided after the family's Holm."""
 
@@ -111,12 +100,12 @@ class _Comparison:
         rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
         self.rule, self.margin = rule, margin
         self.pairs, self.higher, self.split = _pairs(rule, rows)
-        self.differ = [_Test(significance.paired_t_p(p.differences)) for p in self.pairs]
+        self.differ = [Test(significance.paired_t_p(p.differences)) for p in self.pairs]
         equivalence = rule.expect == "indistinguishable" and margin is not None
-        self.same = [_Test(significance.tost_p(p.differences, margin) if equivalence
+        self.same = [Test(significance.tost_p(p.differences, margin) if equivalence
                            and len(p.differences) >= 2 else math.nan) for p in self.pairs]
 
-    def tests(self) -> list[_Test]:
+    def tests(self) -> list[Test]:
         testable = self.rule.expect == "indistinguishable"
         return [t for t in (*self.differ, *(self.same if testable else ())) if not math.isnan(t.p)]
 
@@ -158,17 +147,9 @@ class _Comparison:
         tost = ""
         if self.rule.expect == "indistinguishable":
             margin = "no margin" if self.margin is None else f"±{self.margin:.3g}"
-            tost = f"; TOST {margin}: {_p_text(self.same[i])}"
+            tost = f"; TOST {margin}: {p_text(self.same[i])}"
         return (f"{p.variant}, d_k={p.d_k}{where}: Δ = {p.difference.format(4)} on "
-                f"{self.split}; {_p_text(self.differ[i])}{tost} → {self.decision(i)}")
-
-
-def split_of(metric: str) -> str:
-    """What a number is measured on: a split for final_val*/final_test* keys, else the runs'
-    training diagnostics (max |logit|, entropy, learned scale)."""
-    if metric.startswith("final_test"):
-        return "the test split"
-    return "the validation split" if metric.startswith("final_val") else "training diagnostics"
+                f"{self.split}; {p_text(self.differ[i])}{tost} → {self.decision(i)}")
 
 
 def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str]:
@@ -219,127 +200,6 @@ def _paired_own_lr(rows: list[dict], reference: str, key: str,
 
 
 # --------------------------------------------------------------------------- counts
-
-
-class _Counting:
-    """A Counts rule: solved fractions per setting at its best LR, Fisher against the reference."""
-
-    def __init__(self, rule: Counts, rows: list[dict]) -> None:
-        rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
-        self.rule = rule
-        # The best LR is chosen on the validation metric; the runs there are counted on the
-        # disjoint test split when every finished run has it.
-        self.counted = cmp.report_metric(rows, rule.metric)
-        solved = _solved(rule, rows, self.counted)
-        refs = {d_k: s for (policy, d_k), s in solved.items() if policy == rule.reference}
-        self.entries = [(policy, d_k, s, refs[d_k]) for (policy, d_k), s in solved.items()
-                        if policy != rule.reference and d_k in refs
-                        and (not rule.policies or policy in rule.policies)]
-        self.fisher = [_Test(significance.fisher_exact_p(s[0], s[1], r[0], r[1]))
-                       for _, _, s, r in self.entries]
-
-    def tests(self) -> list[_Test]:
-        return self.fisher
-
-    def decision(self, i: int) -> str:
-        _, _, (k, n), (k_ref, n_ref) = self.entries[i]
-        if self.fisher[i].adjusted >= ALPHA:
-            return stats.UNRESOLVED
-        return "better" if k / n > k_ref / n_ref else "worse"
-
-    def verdict(self, caveats: list[str]) -> Verdict:
-        numbers = tuple(self._line(i) for i in range(len(self.entries)))
-        if not self.entries:
-            return Verdict("inconclusive", "no runs to count", numbers)
-        decisions = [self.decision(i) for i in range(len(self.entries))]
-        if any(d in OPPOSITE[self.rule.expect] for d in decisions):
-            return Verdict("contradicted", "decided against the claim", numbers)
-        if caveats or any(d != self.rule.expect for d in decisions):
-            return Verdict("inconclusive", "not resolved by the counts", numbers)
-        return Verdict("supported", f"all {len(decisions)} counts are {self.rule.expect}", numbers)
-
-    def _line(self, i: int) -> str:
-        policy, d_k, (k, n), (k_ref, n_ref) = self.entries[i]
-        low, high = significance.wilson(k, n)
-        ref_low, ref_high = significance.wilson(k_ref, n_ref)
-        split = split_of(self.counted)
-        return (f"{policy}, d_k={d_k}: {k} of {n} solved on {split} (95% Wilson "
-                f"{low:.2f}–{high:.2f}) "
-                f"against {self.rule.reference} {k_ref} of {n_ref} ({ref_low:.2f}–"
-                f"{ref_high:.2f}); Fisher {_p_text(self.fisher[i])} → {self.decision(i)}")
-
-
-def _solved(rule: Counts, rows: list[dict],
-            counted: str) -> dict[tuple[str, int], tuple[int, int]]:
-    """(policy, d_k) -> (successes in `counted`, runs) over the runs at the setting's best LR
-    by mean `rule.metric` (every run of the setting when it has one LR); a run without a value
-    failed."""
-    out = {}
-    for (_, d_k), by_lr in cmp.curves(rows).items():
-        def mean(runs: list[dict]) -> float:
-            values = [cmp.finished_value(r, rule.metric) for r in runs]
-            return sum(v or 0.0 for v in values) / len(values)
-        runs = max(by_lr.values(), key=mean)
-        hits = sum((cmp.finished_value(r, counted) or -math.inf) >= rule.success_at
-                   for r in runs)
-        out[(runs[0]["policy"], d_k)] = (hits, len(runs))
-    return out
-
-
-class _Divergences:
-    """A Diverges rule: (diverged, finished) runs per policy, d_k and LR, Fisher against the
-    reference's runs at the same d_k and LR."""
-
-    def __init__(self, rule: Diverges, rows: list[dict]) -> None:
-        counts: dict = defaultdict(lambda: [0, 0])  # (policy, d_k, lr) -> [diverged, runs]
-        for r in rows:
-            if r["status"] in ("completed", "diverged"):
-                count = counts[(r["policy"], r["d_k"], r["lr"])]
-                count[0] += r["status"] == "diverged"
-                count[1] += 1
-        self.rule = rule
-        self.reference_diverged = sum(c[0] for (p, _, _), c in counts.items()
-                                      if p == rule.reference)
-        self.entries = [(p, d_k, lr, tuple(c), tuple(counts[(rule.reference, d_k, lr)]))
-                        for (p, d_k, lr), c in sorted(counts.items())
-                        if p in rule.policies and (rule.reference, d_k, lr) in counts]
-        self.fisher = [_Test(significance.fisher_exact_p(*count, *ref))
-                       for *_, count, ref in self.entries]
-
-    def tests(self) -> list[_Test]:
-        return self.fisher
-
-    def decision(self, i: int) -> str:
-        *_, (k, n), (k_ref, n_ref) = self.entries[i]
-        if self.fisher[i].adjusted >= ALPHA:
-            return stats.UNRESOLVED
-        return "more" if k / n > k_ref / n_ref else "fewer"
-
-    def verdict(self, caveats: list[str]) -> Verdict:
-        numbers = tuple(self._line(i) for i in range(len(self.entries)))
-        expect = self.rule.expect
-        if not self.entries:
-            return Verdict("inconclusive", "no runs to count", numbers)
-        decisions = [self.decision(i) for i in range(len(self.entries))]
-        if any(d == OPPOSITE_COUNT[expect] for d in decisions):
-            return Verdict("contradicted", "decided against the claim at some LR", numbers)
-        if expect == "more" and not any(count[0] for *_, count, _ in self.entries):
-            return Verdict("contradicted", f"no run of {', '.join(self.rule.policies)} "
-                           "diverged", numbers)
-        if expect == "fewer" and not self.reference_diverged:
-            return Verdict("inconclusive", f"no run of {self.rule.reference} diverged: "
-                           "nothing to cure", numbers)
-        if caveats or expect not in decisions:
-            return Verdict("inconclusive", "not resolved by the counts", numbers)
-        lrs = ", ".join(f"{e[2]:.3g}" for e, d in zip(self.entries, decisions, strict=True)
-                        if d == expect)
-        return Verdict("supported", f"{expect} divergences at LR {lrs}", numbers)
-
-    def _line(self, i: int) -> str:
-        policy, d_k, lr, (k, n), (k_ref, n_ref) = self.entries[i]
-        return (f"{policy}, d_k={d_k}, lr={lr:.3g}: {k} of {n} diverged against "
-                f"{self.rule.reference} {k_ref} of {n_ref}; Fisher {_p_text(self.fisher[i])} "
-                f"→ {self.decision(i)}")
 
 
 # --------------------------------------------------------------------------- trains smoothly
@@ -408,9 +268,9 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
             margin = rule.margin if rule.margin is not None else (floor and floor.median)
             parts.append(_Comparison(rule, claim_rows, margin))
         elif isinstance(rule, Counts):
-            parts.append(_Counting(rule, claim_rows))
+            parts.append(Counting(rule, claim_rows))
         elif isinstance(rule, Diverges):
-            parts.append(_Divergences(rule, claim_rows))
+            parts.append(Divergences(rule, claim_rows))
         else:
             parts.append((rule, claim_rows))
     _adjust([t for part in parts if hasattr(part, "tests") for t in part.tests()])
