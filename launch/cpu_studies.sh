@@ -10,9 +10,9 @@
 # For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
 # by an earlier, interrupted session) and from its published run files, the study's sweep runs
 # in the background, and each time more runs finish their record files are stashed again
-# (`publish --record_only`; with --commit, the stash alone is committed). When the sweep ends it is published into
-# experiments/results/STUDY (report, run files, the READMEs' quotes), the monitoring bands are
-# recomputed (experiments/results/monitoring_bands.md) and the stash goes. A study published for
+# (`publish --record_only`; with --commit, the stash alone is committed). When the sweep ends
+# it is published into experiments/results/STUDY (report, run files, the READMEs' quotes), the
+# monitoring bands are recomputed (experiments/results/monitoring_bands.md) and the stash goes. A study published for
 # the first time is left uncommitted, its stash kept, and the programme stops there: its
 # write-up is a person's to write.
 # Only what is not yet finished trains, so rerunning this after an interruption resumes.
@@ -26,8 +26,8 @@ declare -A COMMAND=(
   [mqar_cpu]="--config=experiments/mqar.py:cpu --refine --refine_rounds=1"
   [lr_sensitivity_cpu]="--config=experiments/lr_sensitivity.py:cpu --refine"
   [learned_scale_cpu]="--config=experiments/learned_scale.py:cpu --refine"
-  # No --refine: precision's claims compare the arms at each fixed LR >= 0.015 (where logits
-  # grow); LRs a refinement would add below its grid enter none of them.
+  # No --refine: precision's claims compare its arms at fixed LRs (divergence counts at the two
+  # large ones); LRs a refinement would add enter none of them.
   [precision_cpu]="--config=experiments/precision.py:cpu"
   # One round for the last four (as mqar): their ×3.16 grids bracket each best at ×1.78 after
   # it, close enough for the parabola that locates it, at two thirds of two rounds' runs.
