@@ -233,3 +233,31 @@ def test_learned_scale_plot_fits_the_runs_at_each_best_lr():
     (filled,) = [line for line in ax.get_lines() if line.get_gid() == "learned"]
     assert sorted(filled.get_ydata()) == pytest.approx(sorted(2 * d ** -0.75 for d in (8, 32, 128)
                                                               for _ in (0, 1)))
+
+
+def test_many_arms_at_one_d_k_wrap_into_titled_panels():
+    """precision's shape: 2 policies × 7 recipes (long labels) at one d_k is more than a panel
+    holds, so each recipe gets a panel, wrapped four to a row; its title names the recipe, so
+    the legend does not, and no title runs into another panel, another title, the legend or
+    the image edge (checked on the drawn bounding boxes: long unwrapped titles overlapped and
+    the legend sat over the first panel)."""
+    rows = [{"policy": policy, "d_k": 32, "lr": lr, "seed": seed, "status": "completed",
+             "final_val_bpb": 3.0 + lr + seed / 100, "override:train.dtype": "float16",
+             "override:train.logits_dtype": "activation",
+             "override:train.residual_dtype": "float32", "override:train.loss_scale_period": period}
+            for policy in ("inv_sqrt_dk", "none") for period in range(7)
+            for lr in (1e-2, 3e-2) for seed in (0, 1)]
+    fig = report_plots.plot_against_lr(rows, "final_val_bpb", "bpb", unit=None)
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(shown) == 7 and len(fig.axes) == 8  # 2 rows of 4, the last empty
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["inv_sqrt_dk", "none"]
+    titles = [ax.title.get_window_extent(renderer) for ax in shown]
+    legend = fig.legends[0].get_window_extent(renderer)
+    for i, (ax, title) in enumerate(zip(shown, titles, strict=True)):
+        assert "loss_scale_period=" in ax.get_title()
+        assert fig.bbox.x0 <= title.x0 and title.x1 <= fig.bbox.x1 + 1
+        others = [*titles[:i], *titles[i + 1:], legend]
+        others += [other.get_window_extent(renderer) for other in shown if other is not ax]
+        assert not any(title.overlaps(box) for box in others), ax.get_title()

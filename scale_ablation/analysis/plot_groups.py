@@ -8,13 +8,16 @@ series of one and lines would join unrelated cells.
 
 Panels: one column per d_k. When a column would hold more than `MAX_SERIES` series, the figure
 becomes small multiples with one row of panels per second-axis value, so no panel holds more
-than the policies (Tufte's small multiples; the shipped sweeps have at most 8 policies).
+than the policies (Tufte's small multiples; the shipped sweeps have at most 8 policies). With a
+single d_k those panels wrap into rows of `WRAP`, and each panel's title, which names its
+second-axis value, is folded to the panel's width.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -68,20 +71,26 @@ def second_axis(rows: list[dict]) -> Callable[[dict], list[str]]:
     return of
 
 
-WRAP = 4  # panels per row of a figure without a d_k column (final values against d_k)
+WRAP = 4  # panels per row of a split figure with one column (one d_k, or final against d_k)
+TITLE_CHARACTERS = 44  # a 9-point title line that fits one panel's width
 
 
 @dataclasses.dataclass(frozen=True)
 class Grid:
     """Panels: columns are d_k values (or one, None); rows are second-axis labels when split
-    (else one, None). Without d_k columns, split panels wrap into rows of WRAP."""
+    (else one, None). With one column, split panels wrap into rows of WRAP."""
 
     columns: tuple
     rows: tuple
 
     @property
     def wrapped(self) -> bool:
-        return self.columns == (None,) and self.rows != (None,)
+        return len(self.columns) == 1 and self.rows != (None,)
+
+    @property
+    def split(self) -> bool:
+        """Whether each panel holds one second-axis value, which its title names."""
+        return self.rows != (None,)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -100,12 +109,13 @@ class Grid:
         return self.rows[i * self.shape[1] + j] if self.wrapped else self.rows[i]
 
     def d_k(self, j: int) -> int | None:
-        return None if self.wrapped else self.columns[j]
+        return self.columns[0] if self.wrapped else self.columns[j]
 
     def title(self, i: int, j: int) -> str:
         d_k, second = self.d_k(j), self.second(i, j)
         parts = [] if d_k is None else [f"d_k = {d_k}"]
-        return ", ".join(parts + ([] if second in (None, "") else [second]))
+        title = ", ".join(parts + ([] if second in (None, "") else [second]))
+        return textwrap.fill(title, TITLE_CHARACTERS, break_long_words=False)
 
 
 def grid(keys: list[tuple[str, str, int | None]], by_dk: bool = True) -> Grid:

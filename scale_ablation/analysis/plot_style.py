@@ -89,11 +89,13 @@ class Keys:
     def mark(self, label: str, **line: object) -> None:
         self.marks.setdefault(label, Line2D([], [], **line))
 
-    def handles(self) -> tuple[list, list[str]]:
+    def handles(self, seconds: bool = True) -> tuple[list, list[str]]:
+        """Legend entries; `seconds`: with the second-axis styles (False when each panel's
+        title names its one second-axis value: long labels would crowd the figure)."""
         policies = sorted(self.policies, key=list(self.style.colours).index)  # palette order
         handles = [Line2D([], [], color=self.style.colours[p], linewidth=2.5) for p in policies]
         labels = list(policies)
-        if len(self.style.seconds) > 1:  # a second axis the report has: say its styles
+        if seconds and len(self.style.seconds) > 1:  # a second axis the report has: its styles
             for second in self.seconds:
                 linestyle, marker = self.style.seconds.get(second, ("-", "o"))
                 handles.append(Line2D([], [], color="0.2", linestyle=linestyle, marker=marker))
@@ -120,13 +122,14 @@ def panels(grid: plot_groups.Grid, *, sharey: bool = False) -> tuple[Figure, lis
 
 
 def finish(fig: Figure, axes: list[list], used: set[tuple[int, int]], keys: Keys,
-           title: str) -> Figure:
-    """Hide the panels nothing was drawn in, add the one legend outside them, and set the dpi
+           title: str, grid: plot_groups.Grid | None = None) -> Figure:
+    """Hide the panels nothing was drawn in, add the one legend outside them (without the
+    second-axis styles when the `grid` is split: the panel titles name them), and set the dpi
     that keeps the image within MAX_PIXELS."""
     for i, row in enumerate(axes):
         for j, ax in enumerate(row):
             ax.set_visible((i, j) in used)
-    handles, labels = keys.handles()
+    handles, labels = keys.handles(seconds=grid is None or not grid.split)
     if handles:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8, title=title,
                    title_fontsize=8, frameon=False)

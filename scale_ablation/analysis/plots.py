@@ -110,7 +110,8 @@ def plot_over_training(runs: list[dict], rows: list[dict], value_of: Callable, y
     look.axis_labels(axes, used, "step", ylabel)
     best = " at its best LR" if cmp.has_lr_grid(rows) else ""
     mean = "geometric mean" if geometric else "mean"
-    return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\n{mean} over seeds"))
+    return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\n{mean} over seeds"),
+                       grid)
 
 
 def _by_x(rows: list[dict], x_of: Callable, key: str, log_y: bool) -> list[groups.Point]:
@@ -185,7 +186,8 @@ def plot_final_vs_dk(rows: list[dict], style: look.Style | None = None) -> Figur
     metric = "recall accuracy" if higher else "validation bits per byte"
     look.axis_labels(axes, used, DK_LABEL, f"final {metric}")
     best = " at its best LR" if cmp.has_lr_grid(rows) else ""
-    return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\nmean over seeds"))
+    return look.finish(fig, axes, used, keys, keys.title(f"each setting{best}:\nmean over seeds"),
+                       grid)
 
 
 def plot_against_lr(rows: list[dict], key: str, ylabel: str, *, unit: str | None,
@@ -226,7 +228,7 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, *, unit: str | None
         ax.set_title(grid.title(i, j), fontsize=9)
     look.axis_labels(axes, used, "learning rate", ylabel)
     what = "geometric mean over seeds" if log_y else "mean over seeds"
-    return look.finish(fig, axes, used, keys, keys.title(what))
+    return look.finish(fig, axes, used, keys, keys.title(what), grid)
 
 
 def _mark_unstable(ax, members: list[dict], centres: dict[float, float], colour: str,
