@@ -58,6 +58,25 @@ def test_the_first_inf_and_the_first_nan_are_told_apart():
     assert absorbed.inf is not None and absorbed.nan is None
 
 
+def masked_overflow(x):
+    causal = jnp.tril(jnp.ones((2, 2), bool))
+    masked = jnp.where(causal, x, -jnp.inf)  # a deliberate -inf, converted to float16
+    weights = jnp.exp(masked - 20.0)  # 0 where masked
+    return jnp.sum(weights * (x * 1e4))  # overflows float16
+
+
+def test_a_deliberate_inf_is_not_taken_for_the_overflow():
+    """The causal mask's -inf (a float32 literal converted to float16, then selected) makes an
+    inf before anything overflows; the first inf reported is the product past 65504, where
+    the old walk named the conversion, with no finite input."""
+    x = jnp.full((2, 2), 10.0, jnp.float16)
+    origins = nonfinite.nonfinite_origins(masked_overflow, x)
+    assert origins.inf.primitive == "mul"
+    assert f"test_nonfinite.py:{line_of('overflows float16')} " in origins.inf.where
+    assert origins.inf.inputs_max_abs == (10.0, 1e4)  # both finite: an overflow
+    assert "none finite" in nonfinite.Finding("convert_element_type", "x", (math.nan,)).describe()
+
+
 def test_a_forward_overflow_is_found_at_its_line():
     x = jnp.asarray([1.0, 60.0], jnp.float32)  # exp(120) > float32's 3.4e38
     finding = nonfinite.first_nonfinite(overflowing_exp, x)

@@ -4,8 +4,10 @@ A diverged run keeps its last good state as a checkpoint (step d - 1, d its
 `diverged_at_step`). This replays step d from it, on the same batch and dropout key: first as
 the train step computes it (one compiled program: is the loss finite, which gradients are
 not), then as the traced program of the loss and its gradient, evaluated one equation at a
-time, to find the first equation whose output holds an inf and the first with a NaN (an inf can
-be harmless, a NaN is not): each with its operation and the line of code it comes from (an
+time, to find the first equation that makes an inf from inputs that hold none (an overflow; a
+deliberate -inf, such as the causal mask's, converted or selected, is not one) and the first
+whose output holds a NaN (an inf can be harmless, a NaN is not): each with its operation and
+the line of code it comes from (an
 equation of the gradient carries the line it differentiates), first in the loss alone (the
 forward pass), then, if that is finite, in the loss and its gradient.
 
@@ -17,6 +19,7 @@ compiled step did not, or miss one. Both results are printed: the first is what 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,14 +52,15 @@ class Finding:
     inputs_max_abs: tuple[float, ...]  # largest finite |value| of each floating input
 
     def describe(self) -> str:
-        inputs = ", ".join(f"{v:.4g}" for v in self.inputs_max_abs) or "none"
+        inputs = ", ".join("none finite" if math.isnan(v) else f"{v:.4g}"
+                           for v in self.inputs_max_abs) or "none"
         return f"{self.primitive} at {self.where} (largest finite |input|: {inputs})"
 
 
 @dataclasses.dataclass
 class Origins:
-    """The first equation, in program order, with an inf in its output, and the first with a
-    NaN. An inf can be harmless (exp(-inf) is 0: a masked logit minus the row's maximum
+    """The first equation, in program order, that makes an inf from inf-free inputs, and the
+    first with a NaN in its output. An inf can be harmless (exp(-inf) is 0: a masked logit minus the row's maximum
     overflows to -inf in float16 and weighs nothing), so the walk goes on past it to the
     first NaN, which always is not."""
 
@@ -96,7 +100,9 @@ def _walk(jaxpr: jex_core.Jaxpr, consts: Sequence[Any], args: Sequence[Any],
         outputs = _run(eqn, inputs, origins)
         if outputs is None:
             return None
-        if origins.inf is None and any(_has(jnp.isinf, x) for x in outputs):
+        made_inf = (any(_has(jnp.isinf, x) for x in outputs)
+                    and not any(_has(jnp.isinf, x) for x in inputs))
+        if origins.inf is None and made_inf:
             origins.inf = _finding(eqn, inputs)
         if any(_has(jnp.isnan, x) for x in outputs):
             origins.nan = _finding(eqn, inputs)
