@@ -8,6 +8,9 @@ Then several steps per program (`train.steps_per_call`) against one, bit for bit
 from __future__ import annotations
 
 import io
+import os
+import signal
+import time
 from types import SimpleNamespace
 
 import jax
@@ -187,3 +190,19 @@ def test_only_hooks_that_read_the_state_end_a_chunk():
     assert [loop._chunk_length([member], step, t) for step in (0, 8, 12, 15)] == [8, 8, 4, 1]
     member.hooks.append(hooks.Periodic(3, lambda m, tick: tick.state()))
     assert loop._chunk_length([member], 0, t) == 2
+
+
+def test_a_signal_caught_by_an_inner_flag_reaches_the_outer():
+    """A sweep's flag around a group's: a signal the group's loop caught but did not act on
+    (it came during the last step) is the sweep's once the loop's flag exits, and one the
+    sweep caught before a group began is that group's from its start."""
+    before = signal.getsignal(signal.SIGINT)
+    with loop.PreemptionFlag() as outer:
+        with loop.PreemptionFlag() as inner:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler runs between bytecodes of the main thread
+            assert inner.signal == signal.SIGINT and outer.signal is None
+        assert outer.signal == signal.SIGINT
+        with loop.PreemptionFlag() as later:
+            assert later.signal == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is before

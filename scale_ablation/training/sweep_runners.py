@@ -19,9 +19,10 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import locking
 from scale_ablation.records.run_files import FINISHED, RunFiles
-from scale_ablation.training import ensemble, hooks, planner
+from scale_ablation.training import ensemble, hooks, planner, runtime
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.ahead import Ahead
+from scale_ablation.training.loop import PreemptionFlag
 from scale_ablation.training.progress import Progress
 from scale_ablation.training.sweep_grid import Point, run_status
 from scale_ablation.training.train import train, train_runs
@@ -64,8 +65,9 @@ def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
               if together else [[index] for index in range(len(todo))])
     ahead = Ahead() if compile_ahead else None
     try:
-        return _run_groups(sweep_dir, todo, groups, progress, outcomes, extra_hooks, extend,
-                           ahead)
+        with PreemptionFlag() as preemption:  # a signal between groups stops the sweep too
+            return _run_groups(sweep_dir, todo, groups, progress, outcomes, extra_hooks, extend,
+                               ahead, preemption)
     finally:
         if ahead is not None:
             ahead.wait()
@@ -118,10 +120,15 @@ def _members_that_fit(point: Point, count: int,
 
 def _run_groups(sweep_dir: str, todo: list[Point], groups: list[list[int]], progress: Progress,
                 outcomes: dict[str, str] | None, extra_hooks: Sequence[hooks.Periodic],
-                extend: bool, ahead: Ahead | None) -> bool:
+                extend: bool, ahead: Ahead | None, preemption: PreemptionFlag) -> bool:
     """`run_in_process` group by group; `ahead` compiles each group's programs while the one
-    before it trains."""
+    before it trains. A signal that came while a group finished (`preemption`, which each
+    group's loop passes its signal out to) stops the sweep before the next group."""
     for number, indices in enumerate(groups, start=1):
+        if runtime.agreed_signal(preemption.signal) is not None:
+            print(f"[sweep] a stop signal came between groups: group {number}/{len(groups)} "
+                  "not started", flush=True)
+            return False
         if ahead is not None:
             ahead.wait()  # this group's programs, begun while the last one trained
             if number < len(groups):
