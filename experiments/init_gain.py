@@ -118,4 +118,12 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
         found.append(claims_lib.Claim(
             f"At gain {gain:g} scale 1 diverges or oscillates at every learning rate",
             claims_lib.Unstable(("none",), expect_unstable=True), source="article §1, §5.1"))
+        # Claim 2 pools both gains, so the gain-1 runs alone can support it; the article's own
+        # claim is that a wrong init gain makes the scale fail (§5.1: "导致scale失效").
+        # Added after the 93-run rerun: the taxonomy that judges it was fixed before it.
+        found.append(claims_lib.Claim(
+            f"At gain {gain:g}, 1/√d_k no longer trains smoothly at any learning rate",
+            claims_lib.Arms(claims_lib.Unstable((str(float(gain)),), expect_unstable=True),
+                            field="model.init_gain", policies=("inv_sqrt_dk",)),
+            source="article §5.1, pitfall 1"))
     return found
