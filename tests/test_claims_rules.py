@@ -275,7 +275,8 @@ def test_a_sweep_that_cannot_support_a_verdict_says_so():
 
 def test_claims_md_names_refine_when_the_sweep_was_refined(tmp_path):
     """refined.json's points are part of the grid only when the sweep is run with --refine, so
-    the command that reproduces a refined sweep must say so."""
+    the command that reproduces a refined sweep must say so, with the rounds it recorded (two
+    here): --refine alone would refine on to its default number of rounds."""
     from scale_ablation.analysis import claims_markdown
 
     rows = [row(p, 32, 1e-3, s, final_val_bpb=3.0 + (p == "none") + 0.01 * s)
@@ -284,9 +285,10 @@ def test_claims_md_names_refine_when_the_sweep_was_refined(tmp_path):
     out = tmp_path / "claims.md"
     for refined in (False, True):
         if refined:
-            (tmp_path / "refined.json").write_text("{}")
+            (tmp_path / "refined.json").write_text('{"rounds": [[], []]}')
         assert claims_markdown.write_claims(claim, "exp.py:cpu", str(tmp_path), rows, str(out))
-        command = f"--config=exp.py:cpu --workdir={tmp_path}" + (" --refine" if refined else "")
+        command = f"--config=exp.py:cpu --workdir={tmp_path}" + (
+            " --refine --refine_rounds=2" if refined else "")
         assert f"`python -m scale_ablation.sweep {command}`" in out.read_text()
 
 

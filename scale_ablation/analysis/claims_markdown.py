@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 
 from scale_ablation.analysis import verdicts
 from scale_ablation.analysis.claims import Claim
+
+
+def _refine_flags(sweep_dir: str) -> str:
+    """A refined sweep's grid includes refined.json's points, so the command that reproduces it
+    names --refine, and the rounds recorded: --refine alone would go on to its default number
+    of rounds, training LRs the study never ran."""
+    path = os.path.join(sweep_dir, "refined.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path) as f:
+        rounds = len(json.load(f).get("rounds", []))
+    return f" --refine --refine_rounds={rounds}" if rounds else " --refine"
 
 
 def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: list[dict],
@@ -16,8 +29,7 @@ def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: lis
     rest on the others."""
     if not declared:
         return False
-    # A refined sweep's grid includes refined.json's points: its command names --refine.
-    refine = " --refine" if os.path.exists(os.path.join(sweep_dir, "refined.json")) else ""
+    refine = _refine_flags(sweep_dir)
     lines = [f"# Claims tested by `{spec}`", "",
              f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}"
              f"{refine}`",
