@@ -37,7 +37,8 @@ Variants:
   rounds: 11 LRs an arm, 165 runs, 1.09 h summed over 9 ensembles; the sensitivity is taken over
   the 7 LRs every arm ran (`comparisons.sensitivity_curves`), the refined points locate the
   bests. Three seeds: with two, a paired test has one degree of freedom and none survives Holm
-  over the family's 8 tests.
+  over the family's 8 tests. Then seeds 3 and 4 for 1/√d_k, 1/d_k and z-loss at the 11 LRs of
+  each's curve (66 runs, ~30 min), where three left claims 3 and 6 unresolved.
 - default (one accelerator): width as the axis, d_model 256, 512, 1024 with heads of d_k 64, the
   same 7 LRs × 3 seeds, 3000 steps, the same five arms.
 - `quick` (smoke test, a few minutes on 2 cores): 1/√d_k with and without z-loss and QK-LayerNorm
@@ -108,13 +109,29 @@ def accelerator_sweep() -> list[dict]:
             for seed in base.ACCELERATOR_SEEDS]
 
 
+# Seeds 3 and 4 for the arms of the claims 3 seeds left unresolved (3: 1/d_k against 1/√d_k at
+# their bests, +0.04 ± 0.05 bits per byte; 6: z-loss's sensitivity against 1/√d_k's), at every
+# LR of their curves: the 7 of the grid and the 4 `--refine` added to each in the 165-run study
+# (here grid points, so that the new seeds pair with the old at each best LR). 66 runs.
+REFINED_LRS = {"inv_sqrt_dk": (0.00236947, 0.00331577, 0.00649372, 0.00908801),
+               "inv_dk": (0.00236947, 0.00649372, 0.00908801, 0.0127187)}
+FIVE_SEED_ARMS = ({"policy": "inv_sqrt_dk"}, {"policy": "inv_dk"},
+                  {"policy": "inv_sqrt_dk", "train.z_loss": Z_LOSS})
+
+
 def sweep(arg: str | None = None) -> list[dict]:
     if arg is None:
         return accelerator_sweep()
     head_dim = {"quick": 64, "cpu": 32}[arg]
     seeds = (0, 1) if arg == "quick" else (0, 1, 2)
-    return [{**arm, "model.head_dim": head_dim, "train.lr": lr, "train.seed": seed}
-            for arm in arms(arg) for lr in lr_grid(arg) for seed in seeds]
+    points = [{**arm, "model.head_dim": head_dim, "train.lr": lr, "train.seed": seed}
+              for arm in arms(arg) for lr in lr_grid(arg) for seed in seeds]
+    if arg == "cpu":
+        points += [{**arm, "model.head_dim": head_dim, "train.lr": lr, "train.seed": seed}
+                   for arm in FIVE_SEED_ARMS
+                   for lr in sorted((*lr_grid(arg), *REFINED_LRS[arm["policy"]]))
+                   for seed in (3, 4)]
+    return points
 
 
 @dataclasses.dataclass(frozen=True)
