@@ -20,7 +20,7 @@ from helpers import tiny_config
 
 from scale_ablation.records.checkpoints import Checkpoints
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training import hooks, loop, optim, runs, steps, train
+from scale_ablation.training import hooks, loop, optim, preemption, runs, steps, train
 from scale_ablation.training import progress as console
 
 # Dropout on, so that each step's key must be the same in both loops; no warmup or clipping,
@@ -197,12 +197,12 @@ def test_a_signal_caught_by_an_inner_flag_reaches_the_outer():
     (it came during the last step) is the sweep's once the loop's flag exits, and one the
     sweep caught before a group began is that group's from its start."""
     before = signal.getsignal(signal.SIGINT)
-    with loop.PreemptionFlag() as outer:
-        with loop.PreemptionFlag() as inner:
+    with preemption.PreemptionFlag() as outer:
+        with preemption.PreemptionFlag() as inner:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)  # the handler runs between bytecodes of the main thread
             assert inner.signal == signal.SIGINT and outer.signal is None
         assert outer.signal == signal.SIGINT
-        with loop.PreemptionFlag() as later:
+        with preemption.PreemptionFlag() as later:
             assert later.signal == signal.SIGINT
     assert signal.getsignal(signal.SIGINT) is before

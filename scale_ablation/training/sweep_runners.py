@@ -22,7 +22,7 @@ from scale_ablation.records.run_files import FINISHED, RunFiles
 from scale_ablation.training import ensemble, hooks, planner, runtime
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.ahead import Ahead
-from scale_ablation.training.loop import PreemptionFlag
+from scale_ablation.training.preemption import PreemptionFlag
 from scale_ablation.training.progress import Progress
 from scale_ablation.training.sweep_grid import Point, run_status
 from scale_ablation.training.train import train, train_runs
