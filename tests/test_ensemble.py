@@ -274,25 +274,30 @@ def test_a_sweep_with_ensembles_ends_as_one_without(tmp_path):
             assert got[field] == pytest.approx(want[field], rel=RTOL), (run["name"], field)
 
 
-def test_a_signal_during_a_groups_last_step_stops_the_sweep_before_the_next(tmp_path):
-    """SIGINT once step 12 of 12 is done: the first program's two runs complete (their final
-    evaluation is not thrown away), and the sweep stops before the second program, whose runs
-    it never starts, asking to be rerun (exit 3). It used to drop the signal and train on."""
+@pytest.mark.parametrize("programs", [2, 1])
+def test_a_signal_during_a_groups_last_step_stops_the_sweep(tmp_path, programs):
+    """SIGINT once step 12 of 12 is done. In two programs of two runs: the first program's runs
+    complete (their final evaluation is not thrown away) and the sweep stops before the second,
+    whose runs it never starts. In one program: every run completes, and the sweep still stops
+    (exit 3, rerun to continue), where `--refine` would otherwise start its next round. It
+    used to drop the signal and train on."""
     experiment_file = tmp_path / "experiments" / "two_by_two.py"
     experiment_file.parent.mkdir()
     experiment_file.write_text(EXPERIMENT)
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SILENT"}
     result = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={experiment_file}",
-         f"--workdir={tmp_path / 'sweep'}", "--noreport", "--max_members=2"],
+         f"--workdir={tmp_path / 'sweep'}", "--noreport", f"--max_members={4 // programs}"],
         cwd=REPO, env={**env, "WANDB_MODE": "offline", "SCALE_ABLATION_SIGNAL_AT": "12:SIGINT"},
         capture_output=True, text=True, timeout=240)
     assert result.returncode == 3, result.stdout + result.stderr
-    assert "[sweep] a stop signal came between groups: group 2/2 not started" in result.stdout
+    between = "[sweep] a stop signal came between groups: group 2/2 not started"
+    assert (between in result.stdout) == (programs == 2)
     statuses = [(read_json(path).get("status") if (path := tmp_path / "sweep" / run["name"] /
                                                     "summary.json").exists() else None)
                 for run in read_json(tmp_path / "sweep" / "sweep.json")["runs"]]
-    assert statuses.count("completed") == 2 and statuses.count(None) == 2, statuses
+    done = 4 // programs
+    assert statuses.count("completed") == done and statuses.count(None) == 4 - done, statuses
 
 
 def test_vmapped_and_mapped_members_agree():

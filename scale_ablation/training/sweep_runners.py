@@ -66,8 +66,11 @@ def run_in_process(sweep_dir: str, todo: list[Point], progress: Progress,
     ahead = Ahead() if compile_ahead else None
     try:
         with PreemptionFlag() as preemption:  # a signal between groups stops the sweep too
-            return _run_groups(sweep_dir, todo, groups, progress, outcomes, extra_hooks, extend,
-                               ahead, preemption)
+            complete = _run_groups(sweep_dir, todo, groups, progress, outcomes, extra_hooks,
+                                   extend, ahead, preemption)
+            # One that came during the last group's last step: every run is done, but the
+            # sweep must still stop (its next refinement round would start otherwise).
+            return complete and runtime.agreed_signal(preemption.signal) is None
     finally:
         if ahead is not None:
             ahead.wait()
