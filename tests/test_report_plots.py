@@ -261,3 +261,41 @@ def test_many_arms_at_one_d_k_wrap_into_titled_panels():
         others = [*titles[:i], *titles[i + 1:], legend]
         others += [other.get_window_extent(renderer) for other in shown if other is not ax]
         assert not any(title.overlaps(box) for box in others), ax.get_title()
+
+
+def one_dk_rows(lrs: tuple[float, ...]) -> list[dict]:
+    """length_generalization's shape: 2 policies at one d_k, 3 seeds at each LR, with the
+    degradation beyond n at L = 256 (seed s of policy p at LR lr: 0.1·(p+1) + lr·100 + s/10)."""
+    return [{"policy": policy, "d_k": 32, "lr": lr, "seed": seed, "status": "completed",
+             "final_val_bpb": 2.5 + lr, "final_val/bpb_degradation@256":
+             0.1 * (p + 1) + lr * 100 + seed / 10}
+            for p, policy in enumerate(("inv_sqrt_dk", "log_length")) for lr in lrs
+            for seed in (0, 1, 2)]
+
+
+def test_degradation_is_plotted_against_lr_with_its_zero_line():
+    """Each policy's line passes through its seeds' mean degradation at each LR, and the grey
+    zero line (the reference a difference is read against) is drawn and named."""
+    rows = one_dk_rows((1e-3, 3e-3, 1e-2))
+    fig = report_plots.row_plots(rows, plot_style.Style.of(rows))["degradation_vs_lr_256.png"]
+    lines = drawn(fig)
+    for p, policy in enumerate(("inv_sqrt_dk", "log_length")):
+        ((_, line),) = lines[f"{policy}||32"]
+        expected = [np.mean([0.1 * (p + 1) + lr * 100 + s / 10 for s in (0, 1, 2)])
+                    for lr in (1e-3, 3e-3, 1e-2)]
+        assert list(line.get_xdata()) == [1e-3, 3e-3, 1e-2]
+        assert list(line.get_ydata()) == pytest.approx(expected)
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert any(list(line.get_ydata()) == [0.0, 0.0] for line in ax.get_lines())
+    assert "no degradation (0)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_final_against_dk_is_drawn_only_where_it_adds_to_loss_against_lr():
+    """One d_k with an LR grid: its best LRs are loss_vs_lr's minima, so no d_k plot; one d_k
+    without a grid (the headline's shape) keeps it, being the only comparison drawn."""
+    with_grid = one_dk_rows((1e-3, 3e-3))
+    without = one_dk_rows((1e-3,))
+    style = plot_style.Style.of(with_grid)
+    assert "final_bpb_vs_dk.png" not in report_plots.row_plots(with_grid, style)
+    assert "loss_vs_lr.png" in report_plots.row_plots(with_grid, style)
+    assert "final_bpb_vs_dk.png" in report_plots.row_plots(without, style)

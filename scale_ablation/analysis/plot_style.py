@@ -218,3 +218,10 @@ def float16_max(ax, rows: list[dict], keys: Keys) -> None:
     if any(str(r.get("override:train.dtype")) == "float16" for r in rows):
         ax.axhline(FLOAT16_MAX, color="red", linestyle=":", linewidth=1)
         keys.mark("float16 max 65504", color="red", linestyle=":")
+
+
+def no_degradation(ax, keys: Keys) -> None:
+    """The zero line on degradation axes (bits per byte beyond n minus at n): the count
+    baselines are of a loss, not of a difference, so a policy's reference there is 0."""
+    ax.axhline(0.0, color=GREY, linestyle="--", linewidth=1)
+    keys.mark("no degradation (0)", color=GREY, linestyle="--")

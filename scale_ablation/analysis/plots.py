@@ -130,6 +130,7 @@ def _by_x(rows: list[dict], x_of: Callable, key: str, log_y: bool) -> list[group
 
 
 DK_LABEL = "d_k (q/k width of a head)"
+DEGRADATION = "final_val/bpb_degradation@"  # summary rows' keys, one per longer length L
 
 
 def _at_best_lr(rows: list[dict]) -> list[dict]:
@@ -191,11 +192,12 @@ def plot_final_vs_dk(rows: list[dict], style: look.Style | None = None) -> Figur
 
 
 def plot_against_lr(rows: list[dict], key: str, ylabel: str, *, unit: str | None,
-                    log_y: bool = False, float16_line: bool = False,
+                    log_y: bool = False, float16_line: bool = False, zero_line: bool = False,
                     style: look.Style | None = None) -> Figure | None:
     """Final `key` against the learning rate: one panel per d_k (rows by second axis when
     crowded), one line per policy and second axis with 95% CI error bars where n >= 2 (`log_y`:
-    geometric mean and CI); diverged (x, top edge), spiked (^) and collapsed (v) LRs marked."""
+    geometric mean and CI); diverged (x, top edge), spiked (^) and collapsed (v) LRs marked.
+    `unit` draws its count baselines, `zero_line` the 0 a difference is read against."""
     style = style or look.Style.of(rows)
     second_of = groups.second_axis(rows)
     series = defaultdict(list)
@@ -223,6 +225,8 @@ def plot_against_lr(rows: list[dict], key: str, ylabel: str, *, unit: str | None
             look.log_y(ax, centres[(i, j)])
         if float16_line:
             look.float16_max(ax, rows, keys)
+        if zero_line:
+            look.no_degradation(ax, keys)
         if unit:
             look.baselines(ax, [r for r in rows if r["d_k"] == d_k], unit, keys, corner="left")
         ax.set_title(grid.title(i, j), fontsize=9)
@@ -311,7 +315,10 @@ def plot_learned_scale_over_training(runs: list[dict], rows: list[dict],
 def row_plots(rows: list[dict], style: look.Style) -> dict[str, Figure]:
     """The plots drawn from summary rows alone (summary.csv suffices)."""
     key, higher = cmp.primary_metric(rows)
-    out = {"final_bpb_vs_dk.png": plot_final_vs_dk(rows, style)}
+    out = {}
+    if len({r["d_k"] for r in rows}) > 1 or not cmp.has_lr_grid(rows):
+        # At one d_k with an LR grid this is loss_vs_lr's minima again, a column of dots.
+        out["final_bpb_vs_dk.png"] = plot_final_vs_dk(rows, style)
     if cmp.has_lr_grid(rows):
         metric = "recall accuracy" if higher else "validation bits per byte"
         out["loss_vs_lr.png"] = plot_against_lr(rows, key, f"final {metric}", style=style,
@@ -322,6 +329,11 @@ def row_plots(rows: list[dict], style: look.Style) -> dict[str, Figure]:
             out[f"max_logit_vs_lr_{layer}.png"] = plot_against_lr(
                 rows, layer_key, f"max |attention logit| over training, {layer}", unit=None,
                 log_y=True, float16_line=True, style=style)
+        for length_key in sorted({k for r in rows for k in r if k.startswith(DEGRADATION)}):
+            length = length_key.rsplit("@", 1)[1]  # length_generalization: L = 2n, 4n
+            out[f"degradation_vs_lr_{length}.png"] = plot_against_lr(
+                rows, length_key, f"bits per byte beyond n\nminus at n, L = {length}",
+                unit=None, zero_line=True, style=style)
     out["learned_scale_vs_dk.png"] = plot_learned_scale(rows, style)
     out.update(exponent_plots.figures(rows))  # loss against c, c* against d_k (dk_exponent)
     out.update(transfer_plots.figures(rows, style))  # best LR against width (mup_transfer)
