@@ -12,8 +12,11 @@ positions are a fixed function of the offset and extend to any length.
 Each evaluation logs, for L in (2n, 4n), `val/bpb@L` over every position of the longer
 sequences, `val/bpb_beyond@L` over positions n..L-1 only (the lengths never seen in training;
 the first n are in distribution) and `val/bpb_degradation@L`, that minus `val/bpb` at n from the
-same evaluation. The report tabulates both with 95% CIs over seeds and the claims compare the
-degradation, paired by seed against 1/√d_k, each policy at its own best learning rate.
+same evaluation. At the end of a run the test split is scored the same way (`test/bpb_beyond@L`,
+`test/bpb_degradation@L`, on test windows of length L that share no byte with a validation
+window), so that where every run has them the report and the claims read the degradation on
+bytes that chose nothing. The report tabulates both with 95% CIs over seeds and the claims compare
+the degradation, paired by seed against 1/√d_k, each policy at its own best learning rate.
 
 Variants:
 - `cpu` (the study for 2 cores): the base CPU model (4 heads × d_k 32, n = 128, 600 steps),

@@ -101,6 +101,7 @@ def summarise_run(run: dict) -> dict:
     last_diag = diag_rows[-1] if diag_rows else {}
     max_logits = rm.max_over_training(metrics, "max_abs_logit")
     last_eval = next((r for r in reversed(metrics) if r.get("val/loss") is not None), {})
+    test_row = next((r for r in reversed(metrics) if r.get("test/loss") is not None), {})
     found = _baselines(config)
     return {
         "name": run["name"],
@@ -139,6 +140,9 @@ def summarise_run(run: dict) -> dict:
         # Accuracy (MQAR recall) and the longer evaluation lengths, from the last evaluation.
         **{f"final_{key}": value for key, value in last_eval.items()
            if key.startswith("val/") and key not in ("val/loss", "val/bpb")},
+        # The longer lengths on the test split (`comparisons.report_metric` reports them).
+        **{f"final_{key}": value for key, value in test_row.items()
+           if key.startswith("test/") and "@" in key},
     }
 
 

@@ -41,7 +41,14 @@ def degradation(policy: str, lr: float, seed: int, length: int) -> float:
             + SEED_EFFECT[seed] / 2 + OWN_NOISE[policy][seed])
 
 
-def write_run(sweep: pathlib.Path, policy: str, lr: float, seed: int) -> tuple[str, dict]:
+def degradation_on_test(policy: str, lr: float, seed: int, length: int) -> float:
+    """On the test split: the validation value plus a policy-dependent shift, so that a number
+    read from the wrong split shows."""
+    return degradation(policy, lr, seed, length) + (0.2 if policy == "log_length" else 0.05)
+
+
+def write_run(sweep: pathlib.Path, policy: str, lr: float, seed: int,
+              test: bool = False) -> tuple[str, dict]:
     overrides = {"policy": policy, "train.lr": lr, "train.seed": seed}
     name = f"policy={policy},lr={lr},seed={seed}"
     config = base.get_config("quick").to_dict()
@@ -57,21 +64,31 @@ def write_run(sweep: pathlib.Path, policy: str, lr: float, seed: int) -> tuple[s
         row.update({f"val/bpb@{length}": (bpb + beyond) / 2, f"val/bpb_beyond@{length}": beyond,
                     f"val/loss_beyond@{length}": beyond * math.log(2),
                     f"val/bpb_degradation@{length}": beyond - bpb})
+    if test:  # the test split at n is 0.01 above validation; beyond n as test_degradation
+        row.update({"test/bpb": bpb + 0.01, "test/loss": (bpb + 0.01) * math.log(2)})
+        for length in LENGTHS:
+            shift = degradation_on_test(policy, lr, seed, length)
+            row.update({f"test/bpb_beyond@{length}": bpb + 0.01 + shift,
+                        f"test/bpb_degradation@{length}": shift})
     files.append_metrics(0, {"val/loss": 5.5, "val/bpb": 5.5 / math.log(2)})
     files.append_metrics(60, row)
     files.write_summary({"status": "completed", "steps_completed": 60, "diverged_at_step": None,
-                         "final_val_bpb": bpb, "final_val_loss": bpb * math.log(2)})
+                         "final_val_bpb": bpb, "final_val_loss": bpb * math.log(2),
+                         **({"test_bpb": bpb + 0.01} if test else {})})
     return name, overrides
 
 
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory) -> list[dict]:
-    sweep = tmp_path_factory.mktemp("length")
-    runs = [write_run(sweep, policy, lr, seed)
+def sweep_rows(sweep: pathlib.Path, test: bool = False) -> list[dict]:
+    runs = [write_run(sweep, policy, lr, seed, test)
             for policy in DEGRADATION for lr in LRS for seed in SEEDS]
     (sweep / "sweep.json").write_text(json.dumps(
         {"runs": [{"name": name, "overrides": overrides} for name, overrides in runs]}))
     return [report.summarise_run(run) for run in report.load_runs(str(sweep))]
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory) -> list[dict]:
+    return sweep_rows(tmp_path_factory.mktemp("length"))
 
 
 def scipy_cell(values: list[float], digits: int = 3) -> str:
@@ -136,3 +153,28 @@ def test_no_section_without_longer_lengths(rows):
     plain = [{k: v for k, v in r.items() if "@" not in k} for r in rows]
     assert report_tables.length_tables(plain, cmp.best_lrs(plain, "final_val_bpb", False),
                                        "inv_sqrt_dk") == []
+
+
+def test_the_test_split_reports_where_every_run_scored_it(tmp_path):
+    """Runs that scored the longer lengths on the test split: the table and the paired
+    differences read those (validation still chose the LR: 3e-3 for both), and the claim says
+    which split it was measured on."""
+    rows = sweep_rows(tmp_path, test=True)
+    path = tmp_path / "summary.md"
+    report_tables.write_markdown(rows, str(path))
+    text = path.read_text()
+    assert "of test sequences of length L" in text
+    found = table_rows(text, "## Length generalisation")
+    name = "inv_sqrt_dk (lr=0.003)"
+    (cells,) = [r[2:] for r in found if r[0] == name]
+    assert cells[0] == scipy_cell([bpb_at_n("inv_sqrt_dk", 3e-3, s) + 0.01 for s in SEEDS])
+    assert cells[2] == scipy_cell([degradation_on_test("inv_sqrt_dk", 3e-3, s, LENGTHS[0])
+                                   for s in SEEDS])
+    differences = [degradation_on_test("log_length", 3e-3, s, LENGTHS[-1])
+                   - degradation_on_test("inv_sqrt_dk", 3e-3, s, LENGTHS[-1]) for s in SEEDS]
+    paired = table_rows(text, f"## Degradation beyond n at L={LENGTHS[-1]} against inv_sqrt_dk")
+    assert paired == [["log_length", "32", scipy_cell(differences, 4), "better"]]
+    rule = claims.Compare("better", policies=("log_length",),
+                          metric=f"final_val/bpb_degradation@{LENGTHS[-1]}")
+    verdict = verdicts.judge(claims.Claim("log-length degrades less", rule), rows)
+    assert verdict.verdict == "supported" and "on the test split" in " ".join(verdict.numbers)

@@ -121,6 +121,37 @@ def test_loss_beyond_the_training_length_by_hand(tmp_path):
     assert eval_program._cache_size() - compiled_before <= 2
 
 
+def test_the_longer_lengths_on_the_test_split_by_hand(tmp_path):
+    """test/*_beyond@L against the model's own per-position losses on the test batches of
+    length L, averaged by hand over the real rows' positions n..L-1: ceil(test_bytes / L)
+    windows, none of them a validation window at L; the degradation is taken from the test
+    split's bits per byte at n, so no validation byte enters a test number."""
+    test_bytes = 1000
+    config = tiny_config(**CONFIG, **{"model.positions": "rotary", "data.test_bytes": test_bytes})
+    n, batch_size = config.data.seq_len, config.train.batch_size
+    config.train.eval_seq_lens = (3 * n,)
+    run = runs.prepare(config, tmp_path / "run")
+    row = Evaluator(run).evaluate_test(run.state)
+    validation = [(batch_size, length, config.data.val_batches) for length in (n, 3 * n)]
+    test = run.source.test_batches(batch_size, 3 * n, math.ceil(test_bytes / (3 * n)),
+                                   avoid=validation)
+    real = np.concatenate([b.weights[:, 0] > 0 for b in test])
+    assert real.sum() == math.ceil(test_bytes / (3 * n))
+    windows = np.concatenate([b.inputs for b in test])[real]
+    val_windows = np.concatenate([b.inputs for b in run.source.val_batches(*validation[1])])
+    assert not (windows[:, None, :] == val_windows[None, :, :]).all(-1).any()
+    forward = jax.jit(lambda s, x: nnx.merge(run.graphdef, s["params"], s["rest"])(x)[0])
+    nll = np.concatenate([
+        numpy_nll(np.asarray(forward(run.state, jnp.asarray(b.inputs))), np.asarray(b.targets))[0]
+        for b in test])[real]  # [windows, 3n]
+    beyond = nll[:, n:].mean()
+    assert row[f"test/loss_beyond@{3 * n}"] == pytest.approx(beyond, rel=1e-5)
+    assert row[f"test/loss@{3 * n}"] == pytest.approx(nll.mean(), rel=1e-5)
+    assert row[f"test/bpb_degradation@{3 * n}"] == pytest.approx(
+        (beyond - row["test/loss"]) / math.log(2), abs=1e-5 * beyond / math.log(2))
+    assert not any(key.startswith("val/") for key in row)
+
+
 def batch_of(config, seed, poison: bool = False) -> dict:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, 256, (config.train.batch_size, config.data.seq_len + 1))

@@ -267,10 +267,14 @@ def length_tables(rows: list[dict], best: list[cmp.BestLR], reference: str) -> l
     lengths = beyond_lengths(rows)
     if not lengths:
         return []
+    # The test split where every finished run scored the longer lengths on it (the validation
+    # bytes chose the LRs); runs made before it existed have validation only.
+    split = cmp.report_metric(rows, f"final_val/bpb_degradation@{lengths[0]}").split("/")[0]
+    named = "test" if split == "final_test" else "validation"
     lines = ["## Length generalisation: bits per byte beyond the training length n", "",
-             "Beyond n @L: on positions n..L-1 of validation sequences of length L (never seen "
+             f"Beyond n @L: on positions n..L-1 of {named} sequences of length L (never seen "
              "in training; the first n are left out). Δ from n @L: that minus the bits per byte "
-             "at n of the same evaluation. Mean ± 95% CI (n seeds).", "",
+             f"at n on the {named} split. Mean ± 95% CI (n seeds).", "",
              "| policy | d_k | at n | " + " | ".join(
                  f"beyond n @{L} | Δ from n @{L}" for L in lengths) + " |",
              "|---|---|---|" + "---|---|" * len(lengths)]
@@ -279,11 +283,12 @@ def length_tables(rows: list[dict], best: list[cmp.BestLR], reference: str) -> l
             group = [r for r in rows if cmp.variant(r) == name and r["d_k"] == d_k]
             if not group:
                 continue
-            cells = [cell(group, f"final_val/bpb_{what}@{L}") for L in lengths
+            cells = [cell(group, f"{split}/bpb_{what}@{L}") for L in lengths
                      for what in ("beyond", "degradation")]
-            lines.append(f"| {name} | {d_k} | {cell(group)} | " + " | ".join(cells) + " |")
+            at_n = cell(group, f"{split}_bpb")
+            lines.append(f"| {name} | {d_k} | {at_n} | " + " | ".join(cells) + " |")
     for L in lengths:
-        key = f"final_val/bpb_degradation@{L}"
+        key = f"{split}/bpb_degradation@{L}"
         paired = (cmp.paired_best_lr(best, reference, key, False) if best
                   else cmp.paired_same_lr(rows, reference, key, False))
         where = "each at its own best LR" if best else "at the same LR"

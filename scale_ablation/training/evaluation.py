@@ -3,7 +3,8 @@ the test split's loss, once, at the end of a run.
 
 Validation chooses (the best LR, when to stop: `analysis/optimum.py`, the report); the test set
 (`data/heldout.py`) shares no window with it and reports. Its batches have the validation batches'
-shape, [train.batch_size, data.seq_len], so they run in the same compiled eval program.
+shapes, [train.batch_size, data.seq_len] and the same at each `train.eval_seq_lens`, so they run
+in the same compiled eval programs.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class Evaluator:
                                        avoid=validation)
         self.test_windows = int(sum((b.weights.sum(axis=1) > 0).sum() for b in test))
         self.test_batches = on_device(test)
+        # The longer lengths' test sets, by the same rules (none where there is no test split),
+        # so that the degradation beyond n is reported on bytes that chose nothing.
+        test_bytes = config.data.get("test_bytes", 0) if self.test_batches else 0
+        self.longer_test = {n: on_device(run.source.test_batches(
+            batch_size, n, heldout.window_count(test_bytes, n), avoid=validation))
+            for n in lengths[1:] if test_bytes}
 
     def _totals(self, state: TrainState, batches: list[dict]) -> np.ndarray:
         """(3, T): summed loss, weight and correct predictions per position over `batches`."""
@@ -64,23 +71,29 @@ class Evaluator:
         model never saw in training, n = data.seq_len), with val/bpb_degradation@LEN: the
         bits per byte beyond n minus those at n."""
         row = _scores("", self._totals(state, self.val_batches))
+        return self._longer(state, row, self.longer_val, "val")
+
+    def _longer(self, state: TrainState, row: dict, longer: dict, split: str) -> dict:
+        """`row` with the scores of each longer length's batches in `longer` added."""
         n = self.seq_len
-        for length, batches in self.longer_val.items():
+        for length, batches in longer.items():
             totals = self._totals(state, batches)
-            row.update(_scores(f"@{length}", totals))
+            row.update(_scores(f"@{length}", totals, split))
             if length > n and totals[1, n:].sum() > 0:
-                row.update(_scores(f"_beyond@{length}", totals[:, n:]))
-                row[f"val/bpb_degradation@{length}"] = (row[f"val/bpb_beyond@{length}"]
-                                                        - row["val/bpb"])
+                row.update(_scores(f"_beyond@{length}", totals[:, n:], split))
+                row[f"{split}/bpb_degradation@{length}"] = (row[f"{split}/bpb_beyond@{length}"]
+                                                            - row[f"{split}/bpb"])
         return row
 
     def evaluate_test(self, state: TrainState) -> dict[str, float]:
         """test/loss, test/bpb, test/accuracy and test/targets (the weighted positions scored:
-        bytes, or MQAR's queries) on the test split; {} when the run has none."""
+        bytes, or MQAR's queries) on the test split, and the longer lengths' scores as
+        `evaluate` gives them; {} when the run has none."""
         if not self.test_batches:
             return {}
         totals = self._totals(state, self.test_batches)
-        return {**_scores("", totals, split="test"), "test/targets": int(totals[1].sum())}
+        row = {**_scores("", totals, split="test"), "test/targets": int(totals[1].sum())}
+        return self._longer(state, row, self.longer_test, "test")
 
     def diagnose(self, state: TrainState) -> dict[str, float]:
         """Per-layer attention statistics on the first validation batch."""
