@@ -34,7 +34,25 @@ def split_of(metric: str) -> str:
     return "the validation split" if metric.startswith("final_val") else "training diagnostics"
 
 
-class Counting:
+class FisherCounts:
+    """A rule of counts, each entry's last two fields (k, n) and the reference's (k_ref, n_ref),
+    tested by Fisher's exact test in `self.fisher`; a decision names the higher fraction."""
+
+    HIGHER, LOWER = "better", "worse"
+    entries: list[tuple]
+    fisher: list[Test]
+
+    def tests(self) -> list[Test]:
+        return self.fisher
+
+    def decision(self, i: int) -> str:
+        *_, (k, n), (k_ref, n_ref) = self.entries[i]
+        if self.fisher[i].adjusted >= ALPHA:
+            return stats.UNRESOLVED
+        return self.HIGHER if k / n > k_ref / n_ref else self.LOWER
+
+
+class Counting(FisherCounts):
     """A Counts rule: solved fractions per setting at its best LR, Fisher against the reference."""
 
     def __init__(self, rule: Counts, rows: list[dict]) -> None:
@@ -50,15 +68,6 @@ class Counting:
                         and (not rule.policies or policy in rule.policies)]
         self.fisher = [Test(significance.fisher_exact_p(s[0], s[1], r[0], r[1]))
                        for _, _, s, r in self.entries]
-
-    def tests(self) -> list[Test]:
-        return self.fisher
-
-    def decision(self, i: int) -> str:
-        _, _, (k, n), (k_ref, n_ref) = self.entries[i]
-        if self.fisher[i].adjusted >= ALPHA:
-            return stats.UNRESOLVED
-        return "better" if k / n > k_ref / n_ref else "worse"
 
     def verdict(self, caveats: list[str]) -> Verdict:
         numbers = tuple(self._line(i) for i in range(len(self.entries)))
@@ -99,9 +108,11 @@ def solved_counts(rule: Counts, rows: list[dict],
     return out
 
 
-class Divergences:
+class Divergences(FisherCounts):
     """A Diverges rule: (diverged, finished) runs per policy, d_k and LR, Fisher against the
     reference's runs at the same d_k and LR."""
+
+    HIGHER, LOWER = "more", "fewer"
 
     def __init__(self, rule: Diverges, rows: list[dict]) -> None:
         counts: dict = defaultdict(lambda: [0, 0])  # (policy, d_k, lr) -> [diverged, runs]
@@ -118,15 +129,6 @@ class Divergences:
                         if p in rule.policies and (rule.reference, d_k, lr) in counts]
         self.fisher = [Test(significance.fisher_exact_p(*count, *ref))
                        for *_, count, ref in self.entries]
-
-    def tests(self) -> list[Test]:
-        return self.fisher
-
-    def decision(self, i: int) -> str:
-        *_, (k, n), (k_ref, n_ref) = self.entries[i]
-        if self.fisher[i].adjusted >= ALPHA:
-            return stats.UNRESOLVED
-        return "more" if k / n > k_ref / n_ref else "fewer"
 
     def verdict(self, caveats: list[str]) -> Verdict:
         numbers = tuple(self._line(i) for i in range(len(self.entries)))
