@@ -292,10 +292,18 @@ def test_degradation_is_plotted_against_lr_with_its_zero_line():
 
 def test_final_against_dk_is_drawn_only_where_it_adds_to_loss_against_lr():
     """One d_k with an LR grid: its best LRs are loss_vs_lr's minima, so no d_k plot; one d_k
-    without a grid (the headline's shape) keeps it, being the only comparison drawn."""
+    without a grid (the headline's shape) keeps it, being the only comparison drawn; so does a
+    line across several d_k."""
     with_grid = one_dk_rows((1e-3, 3e-3))
     without = one_dk_rows((1e-3,))
     style = plot_style.Style.of(with_grid)
     assert "final_bpb_vs_dk.png" not in report_plots.row_plots(with_grid, style)
     assert "loss_vs_lr.png" in report_plots.row_plots(with_grid, style)
     assert "final_bpb_vs_dk.png" in report_plots.row_plots(without, style)
+    # mup_transfer's shape: d_k moves with the width, a field with its own panel, so each panel
+    # would again hold one d_k.
+    by_width = [{**r, "d_k": width // 4, "override:model.d_model": width}
+                for width in (64, 128) for r in with_grid]
+    assert "final_bpb_vs_dk.png" not in report_plots.row_plots(by_width, style)
+    across = [{**r, "d_k": d_k} for d_k in (16, 32) for r in with_grid]
+    assert "final_bpb_vs_dk.png" in report_plots.row_plots(across, style)

@@ -312,12 +312,23 @@ def plot_learned_scale_over_training(runs: list[dict], rows: list[dict],
                               log_y=True, extra=_inv_sqrt_dk)
 
 
+def _dk_varies_in_a_series(rows: list[dict]) -> bool:
+    """Whether some line of plot_final_vs_dk (a policy and second axis) spans several d_k: not
+    where d_k is fixed, nor where it moves only with a field that has a panel of its own (the
+    width, in mup_transfer)."""
+    second_of, d_ks = groups.second_axis(rows), defaultdict(set)
+    for r in rows:
+        for second in second_of(r):
+            d_ks[(r["policy"], second)].add(r["d_k"])
+    return any(len(values) > 1 for values in d_ks.values())
+
+
 def row_plots(rows: list[dict], style: look.Style) -> dict[str, Figure]:
     """The plots drawn from summary rows alone (summary.csv suffices)."""
     key, higher = cmp.primary_metric(rows)
     out = {}
-    if len({r["d_k"] for r in rows}) > 1 or not cmp.has_lr_grid(rows):
-        # At one d_k with an LR grid this is loss_vs_lr's minima again, a column of dots.
+    if _dk_varies_in_a_series(rows) or not cmp.has_lr_grid(rows):
+        # Else every panel is a column of dots at one d_k: loss_vs_lr's minima again.
         out["final_bpb_vs_dk.png"] = plot_final_vs_dk(rows, style)
     if cmp.has_lr_grid(rows):
         metric = "recall accuracy" if higher else "validation bits per byte"
