@@ -6,6 +6,11 @@
 #   bash launch/cpu_studies.sh --plan [STUDY ...]     # what is left of each: runs, FLOPs, hours
 #                                                    # (at a matmul rate measured now: run it idle)
 #   bash launch/cpu_studies.sh [--commit] [STUDY ...] # default: every study, in the order listed
+#   bash launch/cpu_studies.sh --retrain [--commit] STUDY ...
+#                                                    # train STUDY anew (in runs/STUDY.retrain,
+#                                                    # not seeded from its published run files:
+#                                                    # what a change to what runs record needs);
+#                                                    # publishing then replaces those run files
 #
 # For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
 # by an earlier, interrupted session) and from its published run files, the study's sweep runs
@@ -47,9 +52,12 @@ count_finished() {
   { compgen -G "$1/*/summary.json" | xargs -r -d '\n' grep -lE '^  "status": "(completed|diverged)"' \
       || true; } | wc -l
 }
-finished() { count_finished "runs/$1"; }
+# Where STUDY trains: runs/STUDY, or runs/STUDY.retrain under --retrain (kept apart, so that
+# an interrupted retrain resumes from its own runs and never from the published ones).
+workdir() { if ((retrain)); then echo "runs/$1.retrain"; else echo "runs/$1"; fi; }
+finished() { count_finished "$(workdir "$1")"; }
 
-commit=0 plan=0 studies=()
+commit=0 plan=0 retrain=0 studies=()
 for arg in "$@"; do
   case $arg in
     --list) for s in "${ORDER[@]}"; do
@@ -57,17 +65,19 @@ for arg in "$@"; do
             exit 0 ;;
     --commit) commit=1 ;;
     --plan) plan=1 ;;
-    -*) die "unknown flag $arg (flags: --list, --plan, --commit)" ;;
+    --retrain) retrain=1 ;;
+    -*) die "unknown flag $arg (flags: --list, --plan, --commit, --retrain)" ;;
     *) [[ -v COMMAND[$arg] ]] || die "unknown study $arg (--list names them)"; studies+=("$arg") ;;
   esac
 done
+((${#studies[@]} || !retrain)) || die "--retrain needs the studies to train anew, by name"
 ((${#studies[@]})) || studies=("${ORDER[@]}")
 python=${VENV:-.venv}/bin/python
 [[ -x $python ]] || die "no $python: make the venv first (the README's install line) or set VENV"
 
 if ((plan)); then  # the sweep's own planner, on what runs/STUDY (or its stash) still lacks
   for study in "${studies[@]}"; do
-    workdir=runs/$study
+    workdir=$(workdir "$study")
     [[ -d $workdir || ! -d experiments/pending/$study/run_files ]] || workdir=experiments/pending/$study/run_files
     # shellcheck disable=SC2086  # the flags are words
     "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=$workdir" --plan \
@@ -84,7 +94,7 @@ stash() {
   # A failed stash or commit (another git command holding the index) is retried at the next
   # poll; it must not end this script while the sweep trains on.
   mkdir -p experiments/pending
-  "$python" -m scale_ablation.publish --record_only "runs/$study" "$pending" || return 0
+  "$python" -m scale_ablation.publish --record_only "$(workdir "$study")" "$pending" || return 0
   if ((commit)); then
     git add "$pending" && git commit -q -m "$study: $now finished runs stashed, the sweep \
 still running" -- "$pending" || { echo "cpu_studies.sh: commit failed; retried" >&2; return 0; }
@@ -93,24 +103,25 @@ still running" -- "$pending" || { echo "cpu_studies.sh: commit failed; retried" 
 }
 
 run_study() {
-  local study=$1 pending=experiments/pending/$1 pid
-  mkdir -p "runs/$study"
-  [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "runs/$study/"
+  local study=$1 pending=experiments/pending/$1 pid dir
+  dir=$(workdir "$study")
+  mkdir -p "$dir"
+  [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "$dir/"
   # A published study whose design grew (precision_cpu) trains only the runs it lacks.
   local published=experiments/results/$study/run_files
-  [[ -d $published ]] && cp -rn "$published/." "runs/$study/"
+  [[ -d $published ]] && ((!retrain)) && cp -rn "$published/." "$dir/"
   # What the stash holds, not what runs/ holds: runs finished before an interruption are
   # stashed at the first poll.
   stashed=$(count_finished "$pending/run_files")
   # shellcheck disable=SC2086  # the flags are words
-  "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=runs/$study" &
+  "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=$dir" &
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do sleep "$POLL_SECONDS"; stash "$study"; done
   local code=0
   wait "$pid" || code=$?
   stash "$study"
   ((code == 0)) || die "$study: the sweep exited $code; its finished runs are stashed in $pending"
-  "$python" -m scale_ablation.publish "runs/$study" "experiments/results/$study"
+  "$python" -m scale_ablation.publish "$dir" "experiments/results/$study"
   "$python" -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
   if [[ ! -f experiments/results/$study/README.md ]]; then  # a study published the first time
     # Stop here: the next study's commit would carry bands computed with this one's rows.

@@ -41,8 +41,10 @@ def test_each_study_runs_its_own_experiment_file_into_its_own_folder():
         assert study == pathlib.Path(config).stem + "_cpu", command
 
 
-@pytest.mark.parametrize("args, names", [(["no_such_study"], "unknown study no_such_study"),
-                                         (["--resume"], "unknown flag --resume (flags: --list, --plan, --commit)")])
+@pytest.mark.parametrize("args, names", [
+    (["no_such_study"], "unknown study no_such_study"),
+    (["--resume"], "unknown flag --resume (flags: --list, --plan, --commit, --retrain)"),
+    (["--retrain"], "--retrain needs the studies to train anew, by name")])
 def test_bad_input_is_one_line_exit_2(args, names):
     done = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True,
                           cwd=REPO)
@@ -66,3 +68,17 @@ def test_the_script_counts_finished_runs_as_publish_does(tmp_path):
                              capture_output=True, text=True, check=True).stdout.split()
     assert counted == [str(len(publish.finished_runs(str(sweep)))), "0"]
     assert counted[0] == "6"
+
+
+def test_a_retrain_trains_apart_from_the_published_runs():
+    """--retrain's folder is runs/STUDY.retrain, which is never seeded from the published run
+    files (the workdir function and the seeding line, run as the script defines them)."""
+    text = SCRIPT.read_text()
+    function = re.search(r"^workdir\(\) \{.*?\}$", text, re.M).group(0)
+    seeding = re.search(r"^ *\[\[ -d \$published \]\] .*$", text, re.M).group(0)
+    for retrain, folder, seeded in ((0, "runs/s", "seeded"), (1, "runs/s.retrain", "")):
+        done = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail\n{function}\nretrain={retrain}\n"
+             f"published=/\ndir=$(workdir s)\ncp() {{ echo seeded; }}\n{seeding}\necho $dir"],
+            capture_output=True, text=True, check=True).stdout.split()
+        assert done == ([seeded] if seeded else []) + [folder]
