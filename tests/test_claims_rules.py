@@ -164,6 +164,23 @@ def test_arms_unstable_counts_divergence_per_arm():
     assert wide.verdict == "contradicted", wide
 
 
+def test_a_comparison_with_diverged_runs_is_at_most_inconclusive():
+    """At 0.3 every float16-logit run diverged and no float32 one: those pairs have no final
+    value, so "worse" at 0.01 and 0.3 is left to the pairs at 0.01 alone, which cannot speak
+    for 0.3. Without the divergence the same claim is supported (the control)."""
+    rule = arms(c.Compare("worse", policies=("activation",), reference="float32", at="each_lr"),
+                where=(("train.dtype", "float16"),))
+    clear = {**PRECISION, ("float16", "activation", 0.01): (3.3, 3.42, 3.34)}
+    assert verdict(rule, precision_rows(clear)).verdict == "supported"
+    lost = verdict(rule, precision_rows(clear, diverged=(("float16", "activation", 0.3),)))
+    assert lost.verdict == "inconclusive", lost
+    assert lost.reason == "runs diverged at LR 0.3: their pairs cannot be compared"
+    assert any("lr=0.3: 3 of 3 diverged against float32 0 of 3" in n for n in lost.numbers)
+    every = verdict(rule, precision_rows(PRECISION, diverged=tuple(
+        ("float16", logits, lr) for logits in ("activation", "float32") for lr in (0.01, 0.3))))
+    assert every.reason == "no runs to compare: every pair has a diverged run (LR 0.01, 0.3)"
+
+
 # --------------------------------------------------------------------------- family, TOST, counts
 
 

@@ -147,6 +147,22 @@ def paired_same_lr(rows: list[dict], reference: str, key: str,
     return _paired(groups, higher_is_better)
 
 
+def diverged_at_same_lr(rows: list[dict], reference: str) -> list[tuple]:
+    """(setting, d_k, lr, diverged, runs, the matched reference runs that diverged) wherever
+    `paired_same_lr` loses pairs to a divergence (a diverged run has no final value)."""
+    references = {_match_key(r): r for r in rows if r["policy"] == reference}
+    counts: dict = defaultdict(lambda: [0, 0, 0])
+    for r in rows:
+        ref = references.get(_match_key(r))
+        if r["policy"] == reference or ref is None:
+            continue
+        count = counts[(setting(r), r["policy"], r["d_k"], r["lr"])]
+        count[0] += r["status"] == "diverged"
+        count[1] += 1
+        count[2] += ref["status"] == "diverged"
+    return [(*key, *count) for key, count in counts.items() if count[0] or count[2]]
+
+
 # A decision a wider LR grid could reverse: one side's best LR sits on its grid's edge.
 AT_EDGE = "not established (best LR at a grid edge)"
 

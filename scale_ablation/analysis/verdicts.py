@@ -14,6 +14,10 @@ The rules, stated once:
   adjusted TOST p < ALPHA; a difference decided by the difference test contradicts the claim;
   anything else (a CI too wide to tell) is inconclusive. "Indistinguishable" alone never
   supports a claim of no difference.
+- **Diverged runs in a comparison at each LR**: a diverged run has no final value, so a pair
+  with one is left out; the counts are printed, and a claim with pairs lost that way is at most
+  inconclusive (the pairs left cannot speak for the LRs where runs diverged; a `Diverges` claim
+  counts them).
 - **Counts** (`Counts`): a run is a success when its metric reaches the claim's threshold;
   solved fractions with Wilson intervals, and Fisher's exact test against the reference.
 - **Divergence counts** (`Diverges`): at each learning rate, the runs that diverged against the
@@ -100,6 +104,9 @@ class _Comparison:
         rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
         self.rule, self.margin = rule, margin
         self.pairs, self.higher, self.split = _pairs(rule, rows)
+        self.diverged = [d for d in cmp.diverged_at_same_lr(
+            [r for r in rows if r["lr"] >= rule.min_lr], rule.reference)
+            if rule.at == "each_lr" and (not rule.policies or d[1] in rule.policies)]
         self.differ = [Test(significance.paired_t_p(p.differences)) for p in self.pairs]
         equivalence = rule.expect == "indistinguishable" and margin is not None
         self.same = [Test(significance.tost_p(p.differences, margin) if equivalence
@@ -124,10 +131,13 @@ class _Comparison:
         return decided if stands else cmp.AT_EDGE
 
     def verdict(self, caveats: list[str]) -> Verdict:
-        numbers = tuple(self._line(i) for i in range(len(self.pairs)))
+        numbers = (*(self._line(i) for i in range(len(self.pairs))),
+                   *(self._diverged_line(d) for d in self.diverged))
+        lrs = ", ".join(sorted({f"{d[3]:.3g}" for d in self.diverged}, key=float))
         if not self.pairs:
-            return Verdict("inconclusive", "no runs to compare (missing policies, seeds or LR "
-                           "grid)", numbers)
+            why = (f": every pair has a diverged run (LR {lrs})" if self.diverged
+                   else " (missing policies, seeds or LR grid)")
+            return Verdict("inconclusive", f"no runs to compare{why}", numbers)
         decisions = [self.decision(i) for i in range(len(self.pairs))]
         expected = EQUIVALENT if self.rule.expect == "indistinguishable" else self.rule.expect
         named = lambda which: "; ".join(  # noqa: E731
@@ -139,7 +149,17 @@ class _Comparison:
             unresolved = named({d for d in decisions if d != expected})
             return Verdict("inconclusive", "not resolved by the data"
                            + (f": {unresolved}" if unresolved else ""), numbers)
+        if self.diverged:  # the pairs left cannot speak for the LRs where runs diverged
+            return Verdict("inconclusive", f"runs diverged at LR {lrs}: their pairs cannot "
+                           "be compared", numbers)
         return Verdict("supported", f"all {len(decisions)} comparisons are {expected}", numbers)
+
+    def _diverged_line(self, found: tuple) -> str:
+        name, _, d_k, lr, k, n, k_ref = found
+        return (f"{name}, d_k={d_k}, lr={lr:.3g}: {k} of {n} diverged against "
+                f"{self.rule.reference} {k_ref} of {n}; a diverged run has no final value: its "
+                "pair is left out (a Diverges claim counts it) and the claim cannot be "
+                "supported on the others")
 
     def _line(self, i: int) -> str:
         p = self.pairs[i]
