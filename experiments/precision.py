@@ -61,8 +61,8 @@ Variants:
   as-practised and bfloat16 cells; float16 as before at the large LRs only (its stream
   overflows); five seeds in the cells the divergence counts use (both policies in the
   stream-only cell), since one policy's 3 of 3 against 0 of 3 is Fisher p = 0.1: 196 runs,
-  of which the third study's 78 are part. The 118 new ones mostly complete (the healthy LRs):
-  at the third study's 0.76 h for 78 runs, ~1.3 h.
+  of which the third study's 78 are part; 1.99 h summed over 13 ensembles on 2 cores, 5.78e14
+  train FLOPs (the published fourth study).
 - default (one accelerator): the gpu model with d_k 256 and 1024 as the q/k width of 8 heads,
   float32, the two bfloat16 arms and float16 as practised with both logits dtypes, LRs 1e-3,
   6.49e-3, 4.87e-2 and 0.133, 3 seeds, 3000 steps: 240 runs.
