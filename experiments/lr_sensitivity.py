@@ -38,7 +38,8 @@ Variants:
   the 7 LRs every arm ran (`comparisons.sensitivity_curves`), the refined points locate the
   bests. Three seeds: with two, a paired test has one degree of freedom and none survives Holm
   over the family's 8 tests. Then seeds 3 and 4 for 1/√d_k, 1/d_k and z-loss at the 11 LRs of
-  each's curve (66 runs, ~30 min), where three left claims 3 and 6 unresolved.
+  each's curve (66 runs), where three left claims 3 and 6 unresolved; they still are at five
+  (231 runs, 2.12 h summed over 11 ensembles on 2 cores).
 - default (one accelerator): width as the axis, d_model 256, 512, 1024 with heads of d_k 64, the
   same 7 LRs × 3 seeds, 3000 steps, the same five arms.
 - `quick` (smoke test, a few minutes on 2 cores): 1/√d_k with and without z-loss and QK-LayerNorm
