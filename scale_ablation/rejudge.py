@@ -46,7 +46,9 @@ def rejudge(study_dir: str, spec: str | None = None) -> str:
         raise ValueError(f"{study_dir}: no claims.md naming the experiment; give --config")
     rows = read_summary_csv(os.path.join(study_dir, "summary.csv"))
     path = os.path.join(study_dir, "claims.md")
-    if not write_claims(load_claims(spec), spec, workdir or study_dir, rows, path):
+    # The study's records (refined.json) are its store's, not those of a runs/ folder here.
+    if not write_claims(load_claims(spec), spec, workdir or study_dir, rows, path,
+                        records_dir=study_dir):
         raise ValueError(f"{spec} declares no claims")
     return path
 

@@ -14,7 +14,6 @@ without it, the report imports what the sweep recorded in sweep.json.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -29,33 +28,17 @@ from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
 from scale_ablation.model import plugins
 from scale_ablation.records import metrics_rows as rm
-from scale_ablation.records import wandb_workspace
-from scale_ablation.records.jsonfiles import read_json
-from scale_ablation.records.run_files import FINISHED, RunFiles
+from scale_ablation.records import study_store, wandb_workspace
+from scale_ablation.records.run_files import FINISHED
 from scale_ablation.records.summary_csv import write_summary_csv
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker, resolve_wandb_mode
 from scale_ablation.training import experiment_files as experiment
 
 
 def load_runs(sweep_dir: str) -> list[dict]:
-    """Each run of the sweep: name, overrides, config, summary and metrics, as on disk."""
-    sweep_file = os.path.join(sweep_dir, "sweep.json")
-    if os.path.exists(sweep_file):
-        with open(sweep_file) as f:
-            entries = [(r["name"], r["overrides"]) for r in json.load(f)["runs"]]
-    else:
-        entries = [(name, {}) for name in sorted(os.listdir(sweep_dir))
-                   if os.path.exists(os.path.join(sweep_dir, name, "config.json"))]
-    runs = []
-    for name, overrides in entries:
-        files = RunFiles(os.path.join(sweep_dir, name))
-        config = files.read_config()
-        if config is None:  # never started
-            continue
-        runs.append({"name": name, "overrides": overrides, "config": config,
-                     "summary": files.read_summary() or {"status": "interrupted"},
-                     "metrics": files.read_result_metrics()})
-    return runs
+    """Each run of the sweep: name, overrides, config, summary and metrics, from its study
+    store (a published study's runs.parquet) or its run directories (`study_store`)."""
+    return study_store.load_runs(sweep_dir)
 
 
 def _baselines(config: dict) -> dict[str, float]:
@@ -157,11 +140,7 @@ def load_claims(spec: str) -> list:
 
 
 def _sweep_record(sweep_dir: str) -> dict:
-    path = os.path.join(sweep_dir, "sweep.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
+    return study_store.study_json(sweep_dir, study_store.SWEEP_FILE) or {}
 
 
 def _experiment_spec(sweep_dir: str) -> str | None:
@@ -213,23 +192,22 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
 def _grid_statuses(sweep_dir: str) -> dict[str, str | None]:
     """Run name -> the status sweep.json recorded (runs never started included), else the
     directories with a config.json (status unknown: None)."""
-    grid = read_json(os.path.join(sweep_dir, "sweep.json"))
+    grid = study_store.study_json(sweep_dir, study_store.SWEEP_FILE)
     if grid is not None:
         return {r["name"]: r.get("status") for r in grid["runs"]}
-    return {name: None for name in sorted(os.listdir(sweep_dir))
-            if os.path.exists(os.path.join(sweep_dir, name, "config.json"))}
+    return dict.fromkeys(study_store.recorded_summaries(sweep_dir))
 
 
 def incomplete_runs(sweep_dir: str) -> list[tuple[str, str]]:
     """(name, status) of the sweep's runs without a result: failed (refused ones included),
     interrupted, preempted, or missing (in the grid, never started)."""
     out = []
+    started = study_store.recorded_summaries(sweep_dir)  # runs with a config: name -> summary
     for name, recorded in _grid_statuses(sweep_dir).items():
-        files = RunFiles(os.path.join(sweep_dir, name))
-        summary = files.read_summary()
+        summary = started.get(name)
         status = (summary or {}).get("status") or (
             recorded if recorded not in (None, "pending") else
-            "interrupted" if files.config_path.exists() else "missing")
+            "interrupted" if name in started else "missing")
         if status not in FINISHED:
             out.append((name, status))
     return out

@@ -2,34 +2,33 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 
 from scale_ablation.analysis import verdicts
 from scale_ablation.analysis.claims import Claim
+from scale_ablation.records import study_store
 
 
-def _refine_flags(sweep_dir: str) -> str:
+def _refine_flags(records_dir: str) -> str:
     """A refined sweep's grid includes refined.json's points, so the command that reproduces it
     names --refine, and the rounds recorded: --refine alone would go on to its default number
     of rounds, training LRs the study never ran."""
-    path = os.path.join(sweep_dir, "refined.json")
-    if not os.path.exists(path):
+    refined = study_store.study_json(records_dir, "refined.json")
+    if refined is None:
         return ""
-    with open(path) as f:
-        rounds = len(json.load(f).get("rounds", []))
+    rounds = len(refined.get("rounds", []))
     return f" --refine --refine_rounds={rounds}" if rounds else " --refine"
 
 
 def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: list[dict],
-                 path: str, without_result: int = 0) -> bool:
+                 path: str, without_result: int = 0, records_dir: str | None = None) -> bool:
     """Write claims.md for the experiment's claims; False (nothing written) when it has none.
     `without_result`: the sweep's runs with no result yet, said at the top, since the verdicts
-    rest on the others."""
+    rest on the others. `records_dir`: where the sweep's records (refined.json) are read, a
+    run directory or a study store's folder; default `sweep_dir`."""
     if not declared:
         return False
-    refine = _refine_flags(sweep_dir)
+    refine = _refine_flags(records_dir or sweep_dir)
     lines = [f"# Claims tested by `{spec}`", "",
              f"Command: `python -m scale_ablation.sweep --config={spec} --workdir={sweep_dir}"
              f"{refine}`",
