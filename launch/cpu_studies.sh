@@ -96,7 +96,7 @@ stash() {
   mkdir -p experiments/pending
   "$python" -m scale_ablation.publish --record_only "$(workdir "$study")" "$pending" || return 0
   if ((commit)); then
-    git add "$pending" && git commit -q -m "$study: $now finished runs stashed, the sweep \
+    git add "$pending/run_files" && git commit -q -m "$study: $now finished runs stashed, the sweep \
 still running" -- "$pending" || { echo "cpu_studies.sh: commit failed; retried" >&2; return 0; }
   fi
   stashed=$now

@@ -18,9 +18,10 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from scale_ablation import command_line
 from scale_ablation.errors import ConfigError
 from scale_ablation.model.parametrization import PARAMETRIZATIONS
 from scale_ablation.training import coord, runtime
@@ -121,16 +122,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing with a bad flag or `--config.x` (a field the config lacks, a value of the
-    wrong type) reported as one line, exit 2 (absl prints two lines and exits 1)."""
-    try:
-        return flags.FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, OSError) as error:
-        lines = str(error).strip().splitlines() or [type(error).__name__]
-        print(f"error: {lines[-1].strip()}", file=sys.stderr)
-        sys.exit(2)
-
-
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
+    command_line.start(main)

@@ -17,9 +17,10 @@ import os
 import sys
 
 import jax
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
+from scale_ablation import command_line
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints
@@ -58,8 +59,6 @@ EXIT_CODES = {"completed": 0, "diverged": 0, "failed": 1, "preempted": 3}
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if _CONFIG.value is None or not _WORKDIR.value:
         print("error: --config and --workdir are required", file=sys.stderr)
         return 2
@@ -164,57 +163,9 @@ def _run_probe(module, config) -> int:
     return 0
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with bad flags reported like other bad input: one line, exit 2.
-
-    absl itself prints two lines and exits 1; ml_collections raises AttributeError or KeyError,
-    with a traceback, for an override of a field the config lacks. The experiment file is
-    loaded first, here: config_flags lets its import errors and get_config's escape raw.
-    """
-    _check_experiment_file(argv)
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as error:
-        lines = str(error).strip().splitlines()
-        # A ValueError from get_config (an unknown variant) arrives wrapped with its traceback;
-        # any other exception there is a bug in the experiment file: keep the traceback.
-        if len(lines) > 1 and not lines[-1].startswith("ValueError: "):
-            raise
-        message = lines[-1].removeprefix("ValueError: ")
-    except (AttributeError, KeyError) as error:
-        # ml_collections: [AttributeError(]KeyError("'name'\nDid you mean ...?")[)].
-        key_error = error if isinstance(error, KeyError) else (error.args or [None])[0]
-        text = key_error.args[0] if isinstance(key_error, KeyError) and key_error.args else ""
-        name, *hint = str(text).splitlines() or [""]
-        name = name.strip("'\"")
-        overrides = [arg.split("=")[0] for arg in argv[1:] if arg.startswith("--config.")]
-        named = [flag for flag in overrides if name in flag.split(".")]
-        if not named:
-            raise
-        message = f"{named[0]}: the config has no field {name!r}. {' '.join(hint)}".strip()
-    except OSError as error:
-        # config_flags defers a missing experiment file's error to the config's first use,
-        # which an override is.
-        if "earlier failure to load" not in str(error):
-            raise
-        message = f"cannot load the experiment file: {str(error).strip().splitlines()[-1].strip()}"
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def _check_experiment_file(argv: list[str]) -> None:
-    """One line and exit 2 for an experiment file that fails to import, or whose get_config
-    raises or returns no ConfigDict (`experiment_files.load_config`)."""
-    specs = [arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")]
-    if not specs:
-        return
-    runtime.make_experiments_importable(specs[-1])
-    try:
-        experiment.load_config(specs[-1])
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+# The parser every command shares (`command_line`), under the name tests and tools call here.
+parse_flags = command_line.parse_flags
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=parse_flags)
+    command_line.start(main)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from scale_ablation import command_line
 from scale_ablation.model import plugins
 from scale_ablation.records.run_files import RunFiles
 from scale_ablation.training.nonfinite import diagnose
@@ -26,12 +27,14 @@ def diverged_runs(sweep_dir: str) -> list[str]:
             and (RunFiles(path).read_summary() or {}).get("status") == "diverged"]
 
 
+USAGE = "python -m scale_ablation.nonfinite [--imports=MODULE_OR_FILE,...] RUN_DIR|SWEEP_DIR"
+
+
 def main(argv: list[str]) -> int:
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     if len(argv) != 2:
-        print("usage: python -m scale_ablation.nonfinite [--imports=MODULE_OR_FILE,...] "
-              "RUN_DIR|SWEEP_DIR", file=sys.stderr)
+        print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     path = argv[1]
     is_run = os.path.exists(os.path.join(path, "summary.json"))
@@ -54,4 +57,4 @@ def main(argv: list[str]) -> int:
 _IMPORTS = plugins.imports_flag()
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    command_line.start(main, positionals=1, usage=USAGE)

@@ -33,11 +33,11 @@ import shutil
 import sys
 import tempfile
 
-from absl import app, flags
+from absl import flags
 
-from scale_ablation import report
+from scale_ablation import command_line, report
 from scale_ablation.model import plugins
-from scale_ablation.records import jsonfiles
+from scale_ablation.records import jsonfiles, staging
 from scale_ablation.records.run_files import FINISHED, STEP_LOSSES_FILE
 from scale_ablation.training.refine_grid import REFINED_FILE
 
@@ -45,6 +45,7 @@ RUN_RECORD = ("config.json", "metrics.jsonl", "summary.json", STEP_LOSSES_FILE)
 SWEEP_RECORD = ("sweep.json", REFINED_FILE)
 REPORT_SUFFIXES = (".md", ".csv", ".png")
 _VERDICT = re.compile(r"Verdict[^\n]*?: \*\*(\w+)\*\*")
+PUBLISHING = "publishing"  # the name part of publish's staging folders beside DEST
 _QUOTE = re.compile(r"<!-- claims: (\S+) -->\n.*?<!-- end claims -->", re.DOTALL)
 
 
@@ -59,6 +60,8 @@ def check_paths(source: str, dest: str) -> None:
         raise ValueError(f"{dest} and {source} must not contain each other")
     if not dst.parent.is_dir():
         raise ValueError(f"{dst.parent} does not exist")
+    if dst.exists() and not dst.is_dir():
+        raise ValueError(f"{dest} exists and is not a directory")
 
 
 def finished_runs(source: str) -> list[str]:
@@ -101,6 +104,24 @@ def _install_report(written: str, copy: str, dest: str, study: str) -> None:
             pathlib.Path(dest, name).write_text(text)
 
 
+def keep_hand_written(dest: str, new: str, written: str) -> None:
+    """Copy into `new` what DEST holds besides the publish: its README.md and other files of
+    its own, not run_files, not plots (a plot the new report no longer draws goes), not a
+    report file the new report rewrites, not a staging folder."""
+    if not os.path.isdir(dest):
+        return
+    rewritten = set(os.listdir(written))
+    for name in os.listdir(dest):
+        path = os.path.join(dest, name)
+        if name == "run_files" or name.endswith(".png") or name in rewritten or (
+                name.startswith(".") and os.path.isdir(path)):
+            continue
+        if os.path.isdir(path):
+            shutil.copytree(path, os.path.join(new, name), symlinks=True)
+        else:
+            shutil.copy2(path, os.path.join(new, name))
+
+
 def quote(claims_text: str, path: str) -> str:
     """The README block quoting a claims.md at `path` (relative to the repository)."""
     lines = claims_text.strip().splitlines()
@@ -125,7 +146,7 @@ def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
         # The verdicts before its rerun stay; the rerun is no longer pending.
         new = re.sub(rf"(\| {link} \| [^|\n]*?) \(rerun pending\)", r"\g<1>", new)
     if new != text:
-        readme.write_text(new)
+        jsonfiles.write_text_atomic(readme, new)
     return new != text
 
 
@@ -140,13 +161,8 @@ def repository_root(path: str) -> pathlib.Path | None:
 def stash(source: str, dest: str) -> int:
     """Replace DEST/run_files by SOURCE's finished runs' record files; return how many."""
     check_paths(source, dest)
-    os.makedirs(dest, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".run_files-", dir=dest) as staging:
-        runs = copy_run_record(source, os.path.join(staging, "run_files"))
-        if os.path.exists(stashed := os.path.join(dest, "run_files")):
-            shutil.rmtree(stashed)
-        shutil.move(os.path.join(staging, "run_files"), stashed)
-    return runs
+    with staging.staged(os.path.join(dest, "run_files")) as new:  # one rename replaces the old
+        return copy_run_record(source, new)
 
 
 def publish(source: str, dest: str) -> tuple[int, list[str]]:
@@ -154,16 +170,19 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
     check_paths(source, dest)
     study = os.path.basename(os.path.normpath(dest))
     parent = os.path.dirname(os.path.abspath(dest))
-    with tempfile.TemporaryDirectory(prefix=f".{study}-publishing-", dir=parent) as staging:
-        run_files, copy = os.path.join(staging, "run_files"), os.path.join(staging, study)
+    staging.remove_leftovers(dest, PUBLISHING)  # a publish killed earlier left its scratch
+    with tempfile.TemporaryDirectory(prefix=f".{study}-{PUBLISHING}-{os.getpid()}-",
+                                     dir=parent) as scratch:
+        run_files, copy = os.path.join(scratch, "run_files"), os.path.join(scratch, study)
         runs = copy_run_record(source, run_files)
         shutil.copytree(run_files, copy)
         written = report.write_report(copy)
-        os.makedirs(dest, exist_ok=True)
-        _install_report(written, copy, dest, study)
-        if os.path.exists(published := os.path.join(dest, "run_files")):
-            shutil.rmtree(published)
-        shutil.move(run_files, published)
+        # DEST whole, built beside it and swapped in by one rename: a kill leaves the old
+        # publish or the new one, never a report beside run files it was not written from.
+        with staging.staged(dest, PUBLISHING) as new:
+            keep_hand_written(dest, new, written)
+            _install_report(written, copy, new, study)
+            shutil.move(run_files, os.path.join(new, "run_files"))
     root = repository_root(dest)
     if root is None:  # no repository to resolve the quoted paths against
         return runs, []
@@ -171,10 +190,12 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
     return runs, [str(doc) for doc in readmes if doc.is_file() and requote(doc, root, study)]
 
 
+USAGE = "python -m scale_ablation.publish [--record_only] SOURCE_SWEEP_DIR DEST_STUDY_DIR"
+
+
 def main(argv: list[str], record_only: bool = False) -> int:
     if len(argv) != 3:
-        print("usage: python -m scale_ablation.publish [--record_only] SOURCE_SWEEP_DIR "
-              "DEST_STUDY_DIR", file=sys.stderr)
+        print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     try:
         if record_only:
@@ -194,4 +215,5 @@ def main(argv: list[str], record_only: bool = False) -> int:
 if __name__ == "__main__":
     flags.DEFINE_bool("record_only", False, "Write DEST/run_files only (no report, no README): "
                       "the stash of a sweep still running.")
-    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.record_only)))
+    command_line.start(lambda argv: main(argv, flags.FLAGS.record_only), positionals=2,
+                       usage=USAGE)

@@ -16,11 +16,13 @@ import os
 import re
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from scale_ablation import command_line
 from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.records.summary_csv import read_summary_csv
 from scale_ablation.report import load_claims
+from scale_ablation.training import experiment_files as experiment
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment spec; default: the one claims.md names.")
 _SPEC_LINE = re.compile(r"^# Claims tested by `([^`]+)`")
@@ -45,6 +47,7 @@ def rejudge(study_dir: str, spec: str | None = None) -> str:
     if spec is None:
         raise ValueError(f"{study_dir}: no claims.md naming the experiment; give --config")
     rows = read_summary_csv(os.path.join(study_dir, "summary.csv"))
+    check_rows_match(rows, spec, os.path.join(study_dir, "summary.csv"))
     path = os.path.join(study_dir, "claims.md")
     # The study's records (refined.json) are its store's, not those of a runs/ folder here.
     if not write_claims(load_claims(spec), spec, workdir or study_dir, rows, path,
@@ -53,10 +56,30 @@ def rejudge(study_dir: str, spec: str | None = None) -> str:
     return path
 
 
+USAGE = "python -m scale_ablation.rejudge STUDY_DIR [--config=FILE.py:VARIANT]"
+
+
+REQUIRED_COLUMNS = ("name", "policy", "d_k", "lr", "seed", "status")
+
+
+def check_rows_match(rows: list[dict], spec: str, path: str) -> None:
+    """Raise ValueError unless the rows are runs of `spec`'s grid: each row has the columns the
+    verdicts read, and the rows vary the fields the experiment's grid varies (their
+    `override:FIELD` columns), so that one study's claims never judge another study's rows."""
+    columns = set().union(*(row.keys() for row in rows)) if rows else set()
+    if missing := [name for name in REQUIRED_COLUMNS if name not in columns]:
+        raise ValueError(f"{path}: no column {', '.join(missing)}: not a report's summary.csv")
+    varied = {key.removeprefix("override:") for key in columns if key.startswith("override:")}
+    grid = {key for point in experiment.load_grid(spec) for key in point}
+    if varied and varied != grid:
+        raise ValueError(f"{path} holds runs that vary {', '.join(sorted(varied))}, but {spec}'s "
+                         f"grid varies {', '.join(sorted(grid)) or 'nothing'}: the rows are not "
+                         "this experiment's (give the study's own --config)")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m scale_ablation.rejudge STUDY_DIR [--config=FILE.py:VARIANT]",
-              file=sys.stderr)
+        print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     if not os.path.exists(os.path.join(argv[1], "summary.csv")):
         print(f"error: {argv[1]} holds no summary.csv", file=sys.stderr)
@@ -70,4 +93,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    command_line.start(main, positionals=1, usage=USAGE)

@@ -18,8 +18,9 @@ import os
 import re
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from scale_ablation import command_line
 from scale_ablation.analysis import baselines, consumption, failures
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import plots as report_plots
@@ -28,7 +29,7 @@ from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
 from scale_ablation.model import plugins
 from scale_ablation.records import metrics_rows as rm
-from scale_ablation.records import study_store, wandb_workspace
+from scale_ablation.records import staging, study_store, wandb_workspace
 from scale_ablation.records.run_files import FINISHED
 from scale_ablation.records.summary_csv import write_summary_csv
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker, resolve_wandb_mode
@@ -166,7 +167,23 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
         raise ValueError(f"reference policy {reference!r} has no runs under {sweep_dir}")
     reference = reference or cmp.DEFAULT_REFERENCE
     out = os.path.join(sweep_dir, "report")
-    os.makedirs(out, exist_ok=True)
+    # Built beside `out` and swapped in whole (`records.staging`): a kill or an error half way
+    # (a damaged refined.json, a full disk) leaves the previous report as it was.
+    with staging.staged(out) as building:
+        staging.copy_into(out, building, WANDB_STATE)  # the summary run keeps its W&B id
+        _write_files(sweep_dir, building, runs, rows, reference, plots)
+    if workspace:  # after the summary run, whose table and images the view shows
+        print(write_workspace(sweep_dir, runs, rows))
+    return out
+
+
+# What the report's W&B summary run keeps from one report to the next (`_log_to_wandb`).
+WANDB_STATE = ("wandb_run_id.txt", "wandb")
+
+
+def _write_files(sweep_dir: str, out: str, runs: list[dict], rows: list[dict], reference: str,
+                 plots: bool) -> None:
+    """The report's files into the folder `out`, and its W&B summary run."""
     header = write_summary_csv(rows, os.path.join(out, "summary.csv"))
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
     # Each paragraph goes right after the noise floor: the last inserted reads first.
@@ -183,10 +200,7 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
     if spec is not None:
         write_claims(load_claims(spec), spec, sweep_dir, rows, os.path.join(out, "claims.md"),
                      without_result=len(incomplete))
-    _log_to_wandb(sweep_dir, runs, header, rows)
-    if workspace:  # after the summary run, whose table and images the view shows
-        print(write_workspace(sweep_dir, runs, rows))
-    return out
+    _log_to_wandb(sweep_dir, runs, header, rows, out)
 
 
 def _grid_statuses(sweep_dir: str) -> dict[str, str | None]:
@@ -252,15 +266,14 @@ def _insert_after_noise_floor(path: str, lines: list[str]) -> None:
         f.write(head + "\n".join(lines) + "\n\n" + rest)
 
 
-def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: list[dict]) -> None:
+def _log_to_wandb(sweep_dir: str, runs: list[dict], header: list[str], rows: list[dict],
+                  out: str) -> None:
     settings = WandbSettings.of(
         runs[0]["config"].get("wandb"), job_type="report", tags=(),
         name=f"{os.path.basename(os.path.normpath(sweep_dir))}-report")
-    writer = WandbTracker(os.path.join(sweep_dir, "report"),
-                          {"sweep_dir": os.path.abspath(sweep_dir)}, settings,
+    writer = WandbTracker(out, {"sweep_dir": os.path.abspath(sweep_dir)}, settings,
                           one_offline_folder=True)
     writer.log_table("summary", header, [[row.get(k) for k in header] for row in rows])
-    out = os.path.join(sweep_dir, "report")
     writer.log_images({f"plots/{name.removesuffix('.png')}": os.path.join(out, name)
                        for name in sorted(os.listdir(out)) if name.endswith(".png")})
     writer.finish()
@@ -290,11 +303,13 @@ def write_workspace(sweep_dir: str, runs: list[dict], rows: list[dict]) -> str:
     return wandb_workspace.write(view, out, online=resolve_wandb_mode(settings.mode) == "online")
 
 
+USAGE = ("python -m scale_ablation.report [--imports=MODULE_OR_FILE,...] SWEEP_DIR "
+         "[--reference=POLICY] [--wandb_workspace]")
+
+
 def main(argv: list[str], reference: str | None = None, workspace: bool = False) -> int:
     if len(argv) != 2:
-        print("usage: python -m scale_ablation.report [--imports=MODULE_OR_FILE,...] SWEEP_DIR "
-              "[--reference=POLICY] [--wandb_workspace]",
-              file=sys.stderr)
+        print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     if not os.path.isdir(argv[1]):
         print(f"error: no such sweep directory: {argv[1]}", file=sys.stderr)
@@ -332,5 +347,6 @@ if __name__ == "__main__":
     flags.DEFINE_bool("wandb_workspace", False, "Also build the study's W&B workspace (runs "
                       "grouped by policy; needs the `workspace` extra): saved when online, its "
                       "specification written to report/wandb_workspace.json in every mode.")
-    app.run(lambda argv: sys.exit(main(argv, flags.FLAGS.reference,
-                                       flags.FLAGS.wandb_workspace)))
+    command_line.start(lambda argv: main(argv, flags.FLAGS.reference,
+                                         flags.FLAGS.wandb_workspace),
+                       positionals=1, usage=USAGE)

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import errno
 import logging as stdlib_logging
+import math
 import os
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from scale_ablation import report
+from scale_ablation import command_line, report
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import optimum
 from scale_ablation.errors import ConfigError
@@ -81,7 +82,8 @@ from scale_ablation.training.sweep_runners import (  # noqa: F401 - the sweep's 
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
-_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once; >1 uses one process per run.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once; >1 uses one process per run.",
+                                 lower_bound=1)
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and their commands, run nothing.")
 _REPORT = flags.DEFINE_bool("report", True, "Write the report when the sweep ends.")
 _ENSEMBLE = flags.DEFINE_bool(
@@ -126,8 +128,6 @@ def _run_flags(imports: tuple[str, ...]) -> RunFlags:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not _CONFIG.value or not _WORKDIR.value:
         print("error: --config and --workdir are required", file=sys.stderr)
         return 2
@@ -324,5 +324,14 @@ def _print_verdicts(out: str) -> None:
     print("\n".join([*lines, f"[sweep] report: {out}/summary.md"
                      + (f", {path}" if lines else "")]), flush=True)
 
+def check_flags() -> None:
+    """Raise ValueError naming a flag value absl's types accept and the sweep cannot use."""
+    budget = _BUDGET_HOURS.value
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        raise ValueError(f"--budget_hours must be a positive number of hours, got {budget}")
+    if flags.FLAGS["refine_rounds"].present and not _REFINE.value:
+        raise ValueError("--refine_rounds is a limit on --refine's rounds: give --refine too")
+
+
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    command_line.start(main, validate=check_flags)

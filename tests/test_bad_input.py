@@ -8,15 +8,18 @@ registers the policy, a refused sweep under launch/local.sh, a rerun of a finish
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import shutil
 import stat
 import subprocess
+import sys
 import textwrap
 
 import pytest
 from helpers import OWN_CACHE, QUICK, REPO, read_json, snapshot, tiny_config
-from test_train_faults import main_args, one_error_line, run_module
+from test_train_faults import ABSL_LOG, ENV, main_args, one_error_line, run_module
 
 from scale_ablation import sweep
 from scale_ablation.training import hooks
@@ -167,3 +170,139 @@ def test_the_sweep_file_records_each_run_as_it_completes(tmp_path):
                          extra_hooks=[hooks.Periodic(1, look)], compile_ahead=False)
     assert seen == {"seed=0": "completed", "seed=1": "pending"}
     assert {r["status"] for r in read_json(sweep_dir / "sweep.json")["runs"]} == {"completed"}
+
+
+# ------------------------------------------------ every command's bad invocations (issue 50)
+
+
+HEADLINE = str(REPO / "experiments" / "headline.py") + ":quick"
+USER_FILES = {  # --imports files whose import ends abnormally
+    "keyboard.py": "raise KeyboardInterrupt\n",
+    "exits.py": "import sys\nsys.exit(5)\n",
+    "raises.py": "raise RuntimeError('boom')\n",
+}
+
+
+def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str]]:
+    """(command, arguments, a text the one error line must hold): every way of calling a
+    command wrongly that the tests know of, the paths under `tmp` (see `study_fixtures`)."""
+    sweep_args = [f"--config={HEADLINE}", f"--workdir={tmp / 'sweep'}"]
+    run_args = [f"--config={QUICK}", f"--workdir={tmp / 'run'}"]
+    coord_args = [f"--config={QUICK}", f"--out={tmp / 'coord'}"]
+    source, study, mqar = str(tmp / "source"), str(tmp / "headline"), str(tmp / "mqar")
+    imports = {name: f"--imports={tmp / name}" for name in USER_FILES}
+    cases = [
+        ("sweep", [*sweep_args, "--budget_hours=abc"], "budget_hours"),
+        ("sweep", [*sweep_args, "--budget_hours=nan"], "budget_hours"),
+        ("sweep", [*sweep_args, "--budget_hours=-1"], "budget_hours"),
+        ("sweep", [*sweep_args, "--refine", "--refine_rounds=0"], "refine_rounds"),
+        ("sweep", [*sweep_args, "--refine", "--refine_rounds=-1"], "refine_rounds"),
+        ("sweep", [*sweep_args, "--refine", "--refine_rounds=abc"], "refine_rounds"),
+        ("sweep", [*sweep_args, "--refine_rounds=2"], "--refine"),
+        ("sweep", [*sweep_args, "--max_members=-1"], "max_members"),
+        ("sweep", [*sweep_args, "--parallel=abc"], "parallel"),
+        ("sweep", [*sweep_args, "--parallel=0"], "parallel"),
+        ("sweep", [*sweep_args, "--no_such_flag"], "no_such_flag"),
+        ("sweep", [*sweep_args, "--config.train.steps=5"], "config.train.steps"),
+        ("sweep", [*sweep_args, "extra"], "unexpected arguments: extra"),
+        ("sweep", [f"--workdir={tmp / 'sweep'}"], "--config"),
+        ("sweep", [f"--config={HEADLINE.replace(':quick', ':nosuch')}",
+                   f"--workdir={tmp / 'sweep'}"], "nosuch"),
+        ("sweep", [f"--config={tmp / 'nosuch.py'}", f"--workdir={tmp / 'sweep'}"], "nosuch.py"),
+        ("main", [*run_args, "extra"], "unexpected arguments: extra"),
+        ("main", [*run_args, "--no_such_flag"], "no_such_flag"),
+        ("main", [*run_args, "--config.train.nosuch=1"], "nosuch"),
+        ("main", [*run_args, "--config.train.steps=abc"], "abc"),
+        ("main", [f"--config={HEADLINE.replace(':quick', ':nosuch')}",
+                  f"--workdir={tmp / 'run'}"], "nosuch"),
+        ("report", [], "usage"),
+        ("report", [source, "extra"], "unexpected arguments: extra"),
+        ("report", [str(tmp / "nosuch")], "nosuch"),
+        ("report", ["--no_such_flag", source], "no_such_flag"),
+        ("report", [source, "--reference=nosuch_policy"], "nosuch_policy"),
+        ("publish", [], "usage"),
+        ("publish", [source, str(tmp / "dest"), "extra"], "unexpected arguments: extra"),
+        ("publish", [source, str(tmp / "a_file")], "a_file"),
+        ("publish", ["--no_such_flag", source, str(tmp / "dest")], "no_such_flag"),
+        ("publish", [str(tmp / "nosuch"), str(tmp / "dest")], "nosuch"),
+        ("publish", [source, str(tmp / "source" / "inside")], "contain"),
+        ("publish", ["--record_only", source, str(tmp / "a_file")], "a_file"),
+        ("rejudge", [], "usage"),
+        ("rejudge", [study, "extra"], "unexpected arguments: extra"),
+        ("rejudge", [str(tmp / "malformed")], "summary.csv"),
+        ("rejudge", [study, f"--config={HEADLINE.replace(':quick', ':nosuch')}"], "nosuch"),
+        ("rejudge", [mqar, f"--config={HEADLINE}"], "not this experiment's"),
+        ("rejudge", ["--no_such_flag", study], "no_such_flag"),
+        ("rejudge", [str(tmp / "nosuch")], "nosuch"),
+        ("nonfinite", [], "usage"),
+        ("nonfinite", [str(tmp / "diverged"), "extra"], "unexpected arguments: extra"),
+        ("nonfinite", ["--no_such_flag", str(tmp / "diverged")], "no_such_flag"),
+        ("nonfinite", [source], "no diverged run"),
+        ("coord_check", [f"--out={tmp / 'coord'}"], "--config"),
+        ("coord_check", [*coord_args, "--widths=abc"], "widths"),
+        ("coord_check", [*coord_args, "--widths=64"], "widths"),
+        ("coord_check", [*coord_args, "--steps=0"], "steps"),
+        ("coord_check", [*coord_args, "--parametrizations=xx"], "parametrizations"),
+        ("coord_check", [*coord_args, "--no_such_flag"], "no_such_flag"),
+        ("coord_check", [*coord_args, "--config.train.nosuch=1"], "nosuch"),
+        ("coord_check", [*coord_args, "extra"], "unexpected arguments: extra"),
+    ]
+    for name, flag in imports.items():  # --imports contained, on every command that takes it
+        cases += [("sweep", [*sweep_args, flag], name), ("main", [*run_args, flag], name),
+                  ("report", [flag, source], name),
+                  ("nonfinite", [flag, str(tmp / "diverged")], name)]
+    cases.append(("sweep", [*sweep_args, f"--imports={tmp / 'missing.py'}"], "missing.py"))
+    return cases
+
+
+def study_fixtures(tmp: pathlib.Path) -> None:
+    """What the bad invocations name: a finished sweep (`source`), published studies' rows and
+    claims (`headline`, `mqar`, `malformed`: a row with a cell too many), a diverged run, a
+    regular file, the --imports files."""
+    from test_report_synthetic import write_run
+
+    runs = [write_run(tmp / "source", policy, 3e-3, seed) for policy in ("inv_sqrt_dk", "none")
+            for seed in (0, 1)]
+    (tmp / "source" / "sweep.json").write_text(json.dumps({"config": HEADLINE, "runs": runs}))
+    for study, published in (("headline", "headline"), ("mqar", "mqar_cpu"),
+                             ("malformed", "headline")):
+        (tmp / study).mkdir()
+        for name in ("summary.csv", "claims.md"):
+            shutil.copy(REPO / "experiments" / "results" / published / name, tmp / study / name)
+    with open(tmp / "malformed" / "summary.csv", "a") as f:
+        f.write("x," * 60 + "x\n")
+    (tmp / "diverged").mkdir()
+    (tmp / "diverged" / "summary.json").write_text('{"status": "diverged"}')
+    (tmp / "a_file").write_text("not a directory")
+    for name, source in USER_FILES.items():
+        (tmp / name).write_text(source)
+
+
+def test_every_bad_invocation_is_one_line_exit_2_and_creates_nothing(tmp_path):
+    """Each command's flag, argument and config errors (issue 50's list and more), all run in
+    one process (`command_forks`): exit 2, one line naming what is wrong, no file touched."""
+    study_fixtures(tmp_path)
+    cases = bad_invocations(tmp_path)
+    before = snapshot(tmp_path)
+    results = run_forked([(command, args) for command, args, _ in cases])
+    wrong = []
+    for (command, args, expected), result in zip(cases, results, strict=True):
+        lines = [line for line in result["stderr"].splitlines()
+                 if line.strip() and not ABSL_LOG.match(line)]
+        if result["code"] != 2 or len(lines) != 1 or expected not in lines[0]:
+            wrong.append(f"{command} {' '.join(args)}: exit {result['code']}, "
+                         f"{len(lines)} lines: {result['stderr'][-300:]!r}")
+    assert not wrong, f"{len(wrong)} of {len(cases)} bad invocations:\n" + "\n".join(wrong)
+    assert snapshot(tmp_path) == before
+    print(f"{len(cases)} of {len(cases)} bad invocations: one line, exit 2, nothing created")
+
+
+def run_forked(invocations: list[tuple[str, list[str]]]) -> list[dict]:
+    """Each (command, arguments) as `python -m scale_ablation.COMMAND ARGS` would run it, from
+    one interpreter (`command_forks.py`): exit code, stdout and stderr of each."""
+    result = subprocess.run(
+        [sys.executable, str(pathlib.Path(__file__).with_name("command_forks.py"))],
+        input=json.dumps([[command, args, str(REPO)] for command, args in invocations]),
+        cwd=REPO, env={**ENV, **OWN_CACHE}, capture_output=True, text=True, timeout=600,
+        check=True)
+    return json.loads(result.stdout)

@@ -77,7 +77,9 @@ def _is_file(entry: str) -> bool:
 def _import_module(name: str) -> types.ModuleType:
     try:
         return importlib.import_module(name)
-    except Exception as error:  # whatever the user's module raises, reported as one line
+    # Whatever the user's module raises, reported as one line: a KeyboardInterrupt or a
+    # sys.exit() in it too, which would otherwise leave with a traceback or a silent exit code.
+    except BaseException as error:
         raise _EntryError(_describe(error)) from error
 
 
@@ -106,7 +108,7 @@ def _import_file(entry: str) -> types.ModuleType:
     sys.modules[name] = module  # as `import` does: the module may import itself indirectly
     try:
         spec.loader.exec_module(module)
-    except Exception as error:
+    except BaseException as error:  # as in `_import_module`
         del sys.modules[name]
         raise _EntryError(_describe(error)) from error
     return module

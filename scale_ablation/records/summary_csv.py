@@ -31,7 +31,25 @@ def _value(text: str):
 
 
 def read_summary_csv(path: str) -> list[dict]:
-    """The rows of a summary.csv, typed back (`_value`); the run name stays a string."""
+    """The rows of a summary.csv, typed back (`_value`); the run name stays a string.
+    ValueError naming the file and line for a row whose cells do not match the header, or a
+    file without a `name` column."""
     with open(path, newline="") as f:
-        return [{key: text if key == "name" else _value(text) for key, text in row.items()}
-                for row in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        rows = []
+        for row in reader:
+            if None in row or None in row.values():  # more cells than the header, or fewer
+                raise ValueError(f"{path}: line {reader.line_num} has {_cells(row)} cells where "
+                                 f"the header has {len(reader.fieldnames or [])}")
+            rows.append({key: text if key == "name" else _value(text)
+                         for key, text in row.items()})
+    if "name" not in (reader.fieldnames or []):
+        raise ValueError(f"{path}: not a report's summary.csv (no `name` column)")
+    return rows
+
+
+def _cells(row: dict) -> int:
+    """The cells csv.DictReader found on a row: extras are listed under None, missing ones
+    are None."""
+    return sum(value is not None for key, value in row.items() if key is not None) + len(
+        row.get(None) or [])
