@@ -8,15 +8,16 @@
 #   bash launch/cpu_studies.sh [--commit] [STUDY ...] # default: every study, in the order listed
 #   bash launch/cpu_studies.sh --retrain [--commit] STUDY ...
 #                                                    # train STUDY anew (in runs/STUDY.retrain,
-#                                                    # not seeded from its published run files:
+#                                                    # not seeded from its published runs:
 #                                                    # what a change to what runs record needs);
-#                                                    # publishing then replaces those run files
+#                                                    # publishing then replaces those runs
 #
-# For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/run_files (a stash left
-# by an earlier, interrupted session) and from its published run files, the study's sweep runs
-# in the background, and each time more runs finish their record files are stashed again
+# For each STUDY: runs/STUDY is seeded from experiments/pending/STUDY/runs.parquet (a stash left
+# by an earlier, interrupted session) and from its published runs (experiments/results/STUDY/
+# runs.parquet, written back as run directories: `records.study_store extract`), the study's
+# sweep runs in the background, and each time more runs finish their records are stashed again
 # (`publish --record_only`; with --commit, the stash alone is committed). When the sweep ends
-# it is published into experiments/results/STUDY (report, run files, the READMEs' quotes), the
+# it is published into experiments/results/STUDY (report, runs.parquet, the READMEs' quotes), the
 # monitoring bands are recomputed (experiments/results/monitoring_bands.md) and the stash goes. A study published for
 # the first time is left uncommitted, its stash kept, and the programme stops there: its
 # write-up is a person's to write.
@@ -56,6 +57,8 @@ count_finished() {
 # an interrupted retrain resumes from its own runs and never from the published ones).
 workdir() { if ((retrain)); then echo "runs/$1.retrain"; else echo "runs/$1"; fi; }
 finished() { count_finished "$(workdir "$1")"; }
+# Write the runs of the study store in folder $1 into sweep directory $2 as run directories.
+extract() { "$python" -m scale_ablation.records.study_store extract "$1" "$2" >/dev/null; }
 
 commit=0 plan=0 retrain=0 studies=()
 for arg in "$@"; do
@@ -78,7 +81,10 @@ python=${VENV:-.venv}/bin/python
 if ((plan)); then  # the sweep's own planner, on what runs/STUDY (or its stash) still lacks
   for study in "${studies[@]}"; do
     workdir=$(workdir "$study")
-    [[ -d $workdir || ! -d experiments/pending/$study/run_files ]] || workdir=experiments/pending/$study/run_files
+    if [[ ! -d $workdir && -f experiments/pending/$study/runs.parquet ]]; then  # the stash's runs
+      workdir=$(mktemp -d)
+      "$python" -m scale_ablation.records.study_store extract "experiments/pending/$study" "$workdir" >/dev/null
+    fi
     # shellcheck disable=SC2086  # the flags are words
     "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=$workdir" --plan \
       | grep -E "^(plan|total|rate):" | sed "s|^|$study: |"
@@ -96,7 +102,7 @@ stash() {
   mkdir -p experiments/pending
   "$python" -m scale_ablation.publish --record_only "$(workdir "$study")" "$pending" || return 0
   if ((commit)); then
-    git add "$pending/run_files" && git commit -q -m "$study: $now finished runs stashed, the sweep \
+    git add "$pending/runs.parquet" && git commit -q -m "$study: $now finished runs stashed, the sweep \
 still running" -- "$pending" || { echo "cpu_studies.sh: commit failed; retried" >&2; return 0; }
   fi
   stashed=$now
@@ -106,13 +112,14 @@ run_study() {
   local study=$1 pending=experiments/pending/$1 pid dir
   dir=$(workdir "$study")
   mkdir -p "$dir"
-  [[ -d $pending/run_files ]] && cp -rn "$pending/run_files/." "$dir/"
+  # A run already in $dir is left as it is (extract skips it).
+  [[ -f $pending/runs.parquet ]] && extract "$pending" "$dir"
   # A published study whose design grew (precision_cpu) trains only the runs it lacks.
-  local published=experiments/results/$study/run_files
-  [[ -d $published ]] && ((!retrain)) && cp -rn "$published/." "$dir/"
+  local published=experiments/results/$study
+  [[ -f $published/runs.parquet ]] && ((!retrain)) && extract "$published" "$dir"
   # What the stash holds, not what runs/ holds: runs finished before an interruption are
   # stashed at the first poll.
-  stashed=$(count_finished "$pending/run_files")
+  stashed=$("$python" -m scale_ablation.records.study_store count "$pending")
   # shellcheck disable=SC2086  # the flags are words
   "$python" -m scale_ablation.sweep ${COMMAND[$study]} "--workdir=$dir" &
   pid=$!

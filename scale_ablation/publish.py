@@ -1,27 +1,28 @@
-r"""Publish a sweep for review: its run files and the report written from them, into the repository.
+r"""Publish a sweep for review: its runs' records and the report written from them, into the repository.
 
   python -m scale_ablation.publish runs/dk_exponent_cpu experiments/results/dk_exponent_cpu
   python -m scale_ablation.publish --record_only runs/dk_sweep_cpu experiments/pending/dk_sweep_cpu
 
-DEST/run_files gets each finished (completed or diverged) run's record of truth
-(`records.run_files`: config.json, metrics.jsonl, summary.json, train_losses.jsonl; no
-checkpoints, no W&B folder) and the sweep's record (sweep.json, refined.json). The report is then written from a copy of DEST/run_files, not
-from SOURCE, so what is published is exactly what regenerates (tests/test_published.py); its
-summary.csv, summary.md, claims.md and plots go beside run_files, with the copy's path written as
+DEST/runs.parquet, the study store (`records.study_store`), gets each finished (completed or
+diverged) run's record of truth (`records.run_files`: config.json, metrics.jsonl, summary.json,
+train_losses.jsonl; no checkpoints, no W&B folder) and the sweep's record (sweep.json,
+refined.json). The report is then written from a copy of that store, not from SOURCE, so what is
+published is exactly what regenerates (tests/test_published.py); its summary.csv, summary.md,
+claims.md and plots go beside runs.parquet, with the copy's path written as
 `runs/STUDY` (STUDY: DEST's name), the path the study's command names. Every README that quotes
 DEST/claims.md between `<!-- claims: PATH -->` markers (DEST's own, the repository's) gets the new
 text, and the repository README's results-index row for STUDY its new verdicts.
 
 The record files alone mark a run finished, so a sweep directory seeded from them trains only
-what is missing: `cp -r DEST/run_files runs/STUDY`, then the study's sweep command, resumes a
-study on a machine that kept nothing (tests/test_publish.py). `--record_only` writes DEST/run_files
-and nothing else, no report and no README: the stash of a sweep still running, committed as each
-ensemble lands so that a sweep longer than a session outlives its machine
-(`launch/cpu_studies.sh`). Stashes go under experiments/pending/, not results/, where every
-run_files folder must regenerate the report beside it.
+what is missing: `python -m scale_ablation.records.study_store extract DEST runs/STUDY`, then
+the study's sweep command, resumes a study on a machine that kept nothing
+(tests/test_publish.py). `--record_only` writes DEST/runs.parquet and nothing else, no report
+and no README: the stash of a sweep still running, committed as each ensemble lands so that a
+sweep longer than a session outlives its machine (`launch/cpu_studies.sh`). Stashes go under
+experiments/pending/, not results/, where every store must regenerate the report beside it.
 
 SOURCE is only read. Everything is built in a staging folder beside DEST first; DEST's previous
-report files and run_files are replaced only once the new report has been written.
+report files and runs.parquet are replaced only once the new report has been written.
 """
 
 from __future__ import annotations
@@ -37,12 +38,9 @@ from absl import flags
 
 from scale_ablation import command_line, report
 from scale_ablation.model import plugins
-from scale_ablation.records import jsonfiles, staging
-from scale_ablation.records.run_files import FINISHED, STEP_LOSSES_FILE
-from scale_ablation.training.refine_grid import REFINED_FILE
+from scale_ablation.records import jsonfiles, staging, study_store
+from scale_ablation.records.run_files import FINISHED
 
-RUN_RECORD = ("config.json", "metrics.jsonl", "summary.json", STEP_LOSSES_FILE)
-SWEEP_RECORD = ("sweep.json", REFINED_FILE)
 REPORT_SUFFIXES = (".md", ".csv", ".png")
 _VERDICT = re.compile(r"Verdict[^\n]*?: \*\*(\w+)\*\*")
 PUBLISHING = "publishing"  # the name part of publish's staging folders beside DEST
@@ -72,19 +70,13 @@ def finished_runs(source: str) -> list[str]:
             and (jsonfiles.read_json(path) or {}).get("status") in FINISHED]
 
 
-def copy_run_record(source: str, target: str) -> int:
-    """Copy each finished run's record files and the sweep's record; return the number of runs
-    copied."""
-    runs = finished_runs(source)
-    for name in runs:
-        os.makedirs(os.path.join(target, name))
-        for file in RUN_RECORD:
-            if os.path.isfile(path := os.path.join(source, name, file)):
-                shutil.copy2(path, os.path.join(target, name, file))
-    for file in SWEEP_RECORD:
-        if os.path.isfile(path := os.path.join(source, file)):
-            shutil.copy2(path, os.path.join(target, file))
-    return len(runs)
+def store_run_record(source: str, target: str) -> int:
+    """Write TARGET/runs.parquet from each finished run's record files and the sweep's record;
+    return the number of runs stored."""
+    study = study_store.read_run_dirs(source, finished_only=True)
+    os.makedirs(target, exist_ok=True)
+    study_store.write_store(study, os.path.join(target, study_store.STORE_FILE))
+    return len(study.runs)
 
 
 def _install_report(written: str, copy: str, dest: str, study: str) -> None:
@@ -106,14 +98,16 @@ def _install_report(written: str, copy: str, dest: str, study: str) -> None:
 
 def keep_hand_written(dest: str, new: str, written: str) -> None:
     """Copy into `new` what DEST holds besides the publish: its README.md and other files of
-    its own, not run_files, not plots (a plot the new report no longer draws goes), not a
-    report file the new report rewrites, not a staging folder."""
+    its own, not the runs' records (runs.parquet, or the run_files folder stores replaced), not
+    plots (a plot the new report no longer draws goes), not a report file the new report
+    rewrites, not a staging folder."""
     if not os.path.isdir(dest):
         return
     rewritten = set(os.listdir(written))
     for name in os.listdir(dest):
         path = os.path.join(dest, name)
-        if name == "run_files" or name.endswith(".png") or name in rewritten or (
+        if name in ("run_files", study_store.STORE_FILE) or name.endswith(".png") or (
+                name in rewritten) or (
                 name.startswith(".") and os.path.isdir(path)):
             continue
         if os.path.isdir(path):
@@ -140,8 +134,8 @@ def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
         verdicts = ", ".join(_VERDICT.findall((published / "claims.md").read_text()))
         link = re.escape(f"[{study}](experiments/results/{study}/README.md)")
         new = re.sub(rf"\| [a-z, ]+ (\| {link} \|)", rf"| {verdicts} \g<1>", new)
-        if (run_files := published / "run_files").is_dir():  # the runs cell: those published
-            runs = sum(p.is_dir() for p in run_files.iterdir())
+        if (store := study_store.store_path(str(published))) is not None:  # the runs cell
+            runs = study_store.run_count(store)
             new = re.sub(rf"\| \d+ (\| [a-z, ]+ \| {link} \|)", rf"| {runs} \g<1>", new)
         # The verdicts before its rerun stay; the rerun is no longer pending.
         new = re.sub(rf"(\| {link} \| [^|\n]*?) \(rerun pending\)", r"\g<1>", new)
@@ -159,10 +153,10 @@ def repository_root(path: str) -> pathlib.Path | None:
 
 
 def stash(source: str, dest: str) -> int:
-    """Replace DEST/run_files by SOURCE's finished runs' record files; return how many."""
+    """Replace DEST/runs.parquet by SOURCE's finished runs' records (one rename); return how
+    many."""
     check_paths(source, dest)
-    with staging.staged(os.path.join(dest, "run_files")) as new:  # one rename replaces the old
-        return copy_run_record(source, new)
+    return store_run_record(source, dest)
 
 
 def publish(source: str, dest: str) -> tuple[int, list[str]]:
@@ -173,16 +167,16 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
     staging.remove_leftovers(dest, PUBLISHING)  # a publish killed earlier left its scratch
     with tempfile.TemporaryDirectory(prefix=f".{study}-{PUBLISHING}-{os.getpid()}-",
                                      dir=parent) as scratch:
-        run_files, copy = os.path.join(scratch, "run_files"), os.path.join(scratch, study)
-        runs = copy_run_record(source, run_files)
-        shutil.copytree(run_files, copy)
+        copy = os.path.join(scratch, study)
+        runs = store_run_record(source, copy)
         written = report.write_report(copy)
         # DEST whole, built beside it and swapped in by one rename: a kill leaves the old
-        # publish or the new one, never a report beside run files it was not written from.
+        # publish or the new one, never a report beside a store it was not written from.
         with staging.staged(dest, PUBLISHING) as new:
             keep_hand_written(dest, new, written)
             _install_report(written, copy, new, study)
-            shutil.move(run_files, os.path.join(new, "run_files"))
+            shutil.copy2(os.path.join(copy, study_store.STORE_FILE),
+                         os.path.join(new, study_store.STORE_FILE))
     root = repository_root(dest)
     if root is None:  # no repository to resolve the quoted paths against
         return runs, []
@@ -199,7 +193,8 @@ def main(argv: list[str], record_only: bool = False) -> int:
         return 2
     try:
         if record_only:
-            print(f"stashed {stash(argv[1], argv[2])} runs' record files in {argv[2]}/run_files")
+            print(f"stashed {stash(argv[1], argv[2])} runs' records in "
+                  f"{os.path.join(argv[2], study_store.STORE_FILE)}")
             return 0
         plugins.load(report.sweep_imports(argv[1]) if os.path.isdir(argv[1]) else [])
         runs, changed = publish(argv[1], argv[2])
@@ -213,7 +208,7 @@ def main(argv: list[str], record_only: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    flags.DEFINE_bool("record_only", False, "Write DEST/run_files only (no report, no README): "
+    flags.DEFINE_bool("record_only", False, "Write DEST/runs.parquet only (no report, no README): "
                       "the stash of a sweep still running.")
     command_line.start(lambda argv: main(argv, flags.FLAGS.record_only), positionals=2,
                        usage=USAGE)

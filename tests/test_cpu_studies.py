@@ -1,5 +1,5 @@
 """launch/cpu_studies.sh, the programme that reruns the CPU studies: it names every study whose
-published report still lacks its run files, and refuses bad input in one line."""
+published report still lacks its runs (a study store), and refuses bad input in one line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from helpers import REPO
 
 from scale_ablation import publish
-from scale_ablation.records import jsonfiles
+from scale_ablation.records import jsonfiles, study_store
 
 SCRIPT = REPO / "launch" / "cpu_studies.sh"
 RESULTS = REPO / "experiments" / "results"
@@ -25,10 +25,10 @@ def listing() -> dict[str, str]:
     return dict(line.split(": ", 1) for line in out.splitlines())
 
 
-def test_every_cpu_study_without_run_files_is_in_the_programme():
+def test_every_cpu_study_without_its_runs_is_in_the_programme():
     # a sweep's report has a summary.csv (the coord check's folder is not one)
     unfinished = {p.parent.name for p in RESULTS.glob("*_cpu/summary.csv")
-                  if not (p.parent / "run_files").is_dir()}
+                  if study_store.store_path(str(p.parent)) is None}
     assert unfinished <= set(listing())
 
 
@@ -56,7 +56,8 @@ def test_the_script_counts_finished_runs_as_publish_does(tmp_path):
     """Its trigger for a new stash (a grep over summary.json) against `publish.finished_runs`
     (the JSON read), on the headline's runs beside a preempted one and one never finished."""
     sweep = tmp_path / "sweep"
-    shutil.copytree(REPO / "experiments" / "results" / "headline" / "run_files", sweep)
+    headline = REPO / "experiments" / "results" / "headline" / study_store.STORE_FILE
+    study_store.write_run_dirs(study_store.read_store(str(headline)), str(sweep))
     preempted = sweep / "policy=none,lr=0.03,seed=0"
     shutil.copytree(sweep / "policy=none,lr=0.001,seed=0", preempted)
     summary = json.loads((preempted / "summary.json").read_text())
@@ -70,15 +71,17 @@ def test_the_script_counts_finished_runs_as_publish_does(tmp_path):
     assert counted[0] == "6"
 
 
-def test_a_retrain_trains_apart_from_the_published_runs():
-    """--retrain's folder is runs/STUDY.retrain, which is never seeded from the published run
-    files (the workdir function and the seeding line, run as the script defines them)."""
+def test_a_retrain_trains_apart_from_the_published_runs(tmp_path):
+    """--retrain's folder is runs/STUDY.retrain, which is never seeded from the published runs
+    (the workdir function and the seeding line, run as the script defines them)."""
     text = SCRIPT.read_text()
     function = re.search(r"^workdir\(\) \{.*?\}$", text, re.M).group(0)
-    seeding = re.search(r"^ *\[\[ -d \$published \]\] .*$", text, re.M).group(0)
+    seeding = re.search(r"^ *\[\[ -f \$published/runs.parquet \]\] .*$", text, re.M).group(0)
+    (tmp_path / study_store.STORE_FILE).write_bytes(b"")  # a published study's store
     for retrain, folder, seeded in ((0, "runs/s", "seeded"), (1, "runs/s.retrain", "")):
         done = subprocess.run(
             ["bash", "-c", f"set -euo pipefail\n{function}\nretrain={retrain}\n"
-             f"published=/\ndir=$(workdir s)\ncp() {{ echo seeded; }}\n{seeding}\necho $dir"],
+             f"published={tmp_path}\ndir=$(workdir s)\nextract() {{ echo seeded; }}\n"
+             f"{seeding}\necho $dir"],
             capture_output=True, text=True, check=True).stdout.split()
         assert done == ([seeded] if seeded else []) + [folder]

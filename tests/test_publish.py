@@ -1,6 +1,7 @@
-"""Publishing a sweep: its record files only, the report written from them, the READMEs requoted.
-The sweep published here is the headline study's own run files, so its report must come out as
-the committed one (itself checked by test_published against the same files)."""
+"""Publishing a sweep: its record files only (a study store), the report written from them, the
+READMEs requoted. The sweep published here is the headline study's own runs, written back from its
+store, so its report must come out as the committed one (itself checked by test_published against
+the same store)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,21 @@ import pytest
 from helpers import REPO, snapshot
 
 from scale_ablation import publish
+from scale_ablation.records import study_store
 
 HEADLINE = REPO / "experiments" / "results" / "headline"
+STORE = HEADLINE / study_store.STORE_FILE
+
+
+def stored(path: pathlib.Path) -> str:
+    """A store's runs and sweep records, as exact JSON text (key order, floats to the bit)."""
+    study = study_store.read_store(str(path))
+    return json.dumps([[run.__dict__ for run in study.runs], study.files])
+
+
+def headline_runs(target: pathlib.Path) -> None:
+    """The headline's run directories, written back from its store."""
+    study_store.write_run_dirs(study_store.read_store(str(STORE)), str(target))
 INDEX_ROW = ("| Headline | 5 | contradicted | [headline](experiments/results/headline/README.md) "
              "| contradicted (rerun pending) |")
 
@@ -33,7 +47,7 @@ def sweep(tmp_path) -> pathlib.Path:
     """The headline sweep as a finished run directory holds it: checkpoints and a W&B folder
     beside the record files, one run started but not finished, and one preempted."""
     source = tmp_path / "runs" / "headline"
-    shutil.copytree(HEADLINE / "run_files", source)
+    headline_runs(source)
     for run in sorted(p for p in source.iterdir() if p.is_dir()):
         (run / "checkpoints" / "10").mkdir(parents=True)
         (run / "checkpoints" / "10" / "state").write_bytes(b"\0" * 64)
@@ -69,15 +83,12 @@ def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep
     dest = repository / "experiments" / "results" / "headline"
     runs, changed = publish.publish(str(sweep), str(dest))
 
-    # the headline's own runs: not the preempted one, nor the one never finished
-    finished = sorted(p.name for p in (HEADLINE / "run_files").iterdir() if p.is_dir())
-    assert runs == len(finished) == 6
-    published = sorted(p.name for p in (dest / "run_files").iterdir() if p.is_dir())
-    assert published == finished
-    for name in finished:
-        kept = sorted(p.name for p in (dest / "run_files" / name).iterdir())
-        assert kept == sorted(p.name for p in (HEADLINE / "run_files" / name).iterdir())
-    assert (dest / "run_files" / "sweep.json").read_bytes() == (sweep / "sweep.json").read_bytes()
+    # the headline's own runs: not the preempted one, nor the one never finished; their record
+    # files whole (step losses included) and the sweep's record, byte for byte
+    assert runs == study_store.run_count(str(STORE)) == 6
+    assert stored(dest / study_store.STORE_FILE) == stored(STORE)
+    assert study_store.study_file(str(dest), "sweep.json") == (sweep / "sweep.json").read_text()
+    assert not (dest / "run_files").exists()
     assert snapshot(sweep) == before  # the source is only read
 
     assert rows(dest / "summary.csv") == rows(HEADLINE / "summary.csv")
@@ -114,17 +125,14 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, sweep, capsys
 
 
 
-def files(folder: pathlib.Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
 def test_a_stash_is_the_finished_runs_record_files_and_nothing_else(tmp_path, sweep):
     dest = tmp_path / "pending" / "headline"
     dest.parent.mkdir()
-    (dest / "run_files" / "stale").mkdir(parents=True)  # an earlier stash's: replaced
+    dest.mkdir()
+    (dest / study_store.STORE_FILE).write_bytes(b"an earlier stash's")  # replaced
     assert publish.main(["publish", str(sweep), str(dest)], record_only=True) == 0
-    assert [p.name for p in dest.iterdir()] == ["run_files"]
-    assert files(dest / "run_files") == files(HEADLINE / "run_files")
+    assert [p.name for p in dest.iterdir()] == [study_store.STORE_FILE]
+    assert stored(dest / study_store.STORE_FILE) == stored(STORE)
 
 
 def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
@@ -133,13 +141,14 @@ def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
     were."""
     publish.stash(str(sweep), str(tmp_path / "stash"))
     sweep_dir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "stash" / "run_files", sweep_dir)
+    stashed = study_store.read_store(str(tmp_path / "stash" / study_store.STORE_FILE))
+    study_store.write_run_dirs(stashed, str(sweep_dir))
     before = snapshot(sweep_dir)
     done = subprocess.run(
         [sys.executable, "-m", "scale_ablation.sweep", f"--config={REPO}/experiments/headline.py",
          f"--workdir={sweep_dir}"], capture_output=True, text=True, cwd=REPO,
         env={**os.environ, "WANDB_MODE": "disabled"}, check=True).stdout
-    runs = sum(1 for p in (HEADLINE / "run_files").iterdir() if p.is_dir())
+    runs = study_store.run_count(str(STORE))
     assert f"[sweep] {runs}/{runs} done, 0 running, 0 failed" in done
     assert "[sweep] compiled 0 programs" in done
 
@@ -151,7 +160,10 @@ def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
 def test_a_verdict_headed_by_its_caveats_reaches_the_index(tmp_path):
     """A smoke run's verdicts are headed by what its design cannot support, colons included."""
     study = tmp_path / "experiments" / "results" / "quick"
-    (study / "run_files" / "policy=none,seed=0").mkdir(parents=True)
+    study.mkdir(parents=True)
+    study_store.write_store(study_store.Study([study_store.RunRecord(
+        "policy=none,seed=0", {}, {"policy": "none"}, {"status": "completed"}, [], None)], {}),
+        str(study / study_store.STORE_FILE))
     (study / "claims.md").write_text(
         "## 1. x\n\nVerdict (one seed per setting: no interval can be formed): **inconclusive**: "
         "too few seeds: **not** a result.\n\n## 2. y\n\nVerdict: **supported**: all better.\n")

@@ -16,6 +16,7 @@ import pytest
 
 from experiments import dk_sweep
 from scale_ablation.model import attention, policies
+from scale_ablation.records import study_store
 from scale_ablation.training import experiment_files as experiment
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -157,15 +158,15 @@ def test_every_published_study_has_a_write_up_quoting_its_claims():
         assert f"<!-- claims: experiments/results/{doc.parent.name}/claims.md -->" in doc.read_text()
 
 
-def test_the_results_index_links_every_study_with_its_computed_verdicts():
+def test_the_results_index_links_every_study_with_its_runs_counted():
+    """Every study is in the index (generated from the claims table: tests/test_claims_table.py),
+    its runs cell the count its store holds."""
     index = README.read_text().split("## Results", 1)[1].split("\n## ", 1)[0]
     for doc in STUDY_READMES:
-        claims = (doc.parent / "claims.md").read_text()
-        verdicts = ", ".join(re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", claims))
-        row = f"| {verdicts} | [{doc.parent.name}](experiments/results/{doc.parent.name}/README.md) |"
-        assert row in index
-        if (run_files := doc.parent / "run_files").is_dir():  # published runs, counted
-            assert f"| {sum(p.is_dir() for p in run_files.iterdir())} {row}" in index
+        link = f"[{doc.parent.name}](experiments/results/{doc.parent.name}/README.md)"
+        row = next(line for line in index.splitlines() if f"| {link} |" in line)
+        if (store := study_store.store_path(str(doc.parent))) is not None:  # runs, counted
+            assert row.split(" | ")[1] == str(study_store.run_count(store))
 
 
 def test_the_readme_is_a_reference_not_a_results_dump():

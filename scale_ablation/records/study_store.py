@@ -2,6 +2,7 @@ r"""A study's runs as one Parquet file, `runs.parquet`: what a published study k
 
   python -m scale_ablation.records.study_store convert experiments/results/STUDY [--source=DIR]
   python -m scale_ablation.records.study_store extract experiments/results/STUDY runs/STUDY
+  python -m scale_ablation.records.study_store count experiments/pending/STUDY
 
 One row per run: its name, the overrides the sweep gave it, config.json and summary.json (as
 JSON text, exact to the last bit: floats are written as Python's round-trip repr), its logged
@@ -17,7 +18,7 @@ writes the store from a sweep's run directories (default DIR/run_files) and refu
 anything is replaced, unless reading it back gives exactly what the directories give. `extract`
 writes the run directories back (config.json, metrics.jsonl, summary.json, train_losses.jsonl,
 sweep.json, refined.json), skipping runs already there: a sweep directory seeded from it trains
-only what is missing.
+only what is missing. `count` prints how many runs a folder's store holds (0: it has none).
 """
 
 from __future__ import annotations
@@ -170,7 +171,9 @@ def to_table(study: Study) -> pa.Table:
     """The study as one Arrow table, a row per run (its layout in the schema's metadata)."""
     keys, layouts = _metrics_layout(study.runs)
     layout_ids = {tuple(keys[i][0] for i in layout): n for n, layout in enumerate(layouts)}
-    row_type = pa.struct([(key, _ARROW_TYPES[kind]) for key, kind in keys])
+    # Parquet cannot hold a struct without fields: runs that logged no row get a placeholder.
+    row_type = pa.struct([(key, _ARROW_TYPES[kind]) for key, kind in keys]
+                         or [("step", pa.int64())])
     losses_type = pa.struct([("step", pa.int64()), (_LOSSES, pa.list_(pa.float64()))])
     kinds = dict(keys)
     columns = {
@@ -252,6 +255,11 @@ def read_store(path: str, metrics: bool = True) -> Study:
                 table.column("config").to_pylist(), table.column("summary").to_pylist(),
                 rows, losses, strict=True)]
     return Study(runs, _study_files(meta))
+
+
+def run_count(path: str) -> int:
+    """How many runs the store at `path` holds (its footer alone is read)."""
+    return pq.ParquetFile(path).metadata.num_rows
 
 
 def read_table(path: str) -> pa.Table:
@@ -362,7 +370,7 @@ def write_run_dirs(study: Study, target: str) -> int:
 
 def main(argv: list[str]) -> int:
     usage = ("usage: python -m scale_ablation.records.study_store convert STUDY_DIR "
-             "[--source=SWEEP_DIR] | extract STUDY_DIR TARGET_DIR")
+             "[--source=SWEEP_DIR] | extract STUDY_DIR TARGET_DIR | count STUDY_DIR")
     args = [a for a in argv[1:] if not a.startswith("--source=")]
     sources = [a.removeprefix("--source=") for a in argv[1:] if a.startswith("--source=")]
     try:
@@ -374,6 +382,8 @@ def main(argv: list[str]) -> int:
             if (path := store_path(args[1])) is None:
                 raise ValueError(f"{args[1]} holds no {STORE_FILE}")
             print(f"{write_run_dirs(read_store(path), args[2])} runs written to {args[2]}")
+        elif args[:1] == ["count"] and len(args) == 2 and not sources:
+            print(0 if (path := store_path(args[1])) is None else run_count(path))
         else:
             print(usage, file=sys.stderr)
             return 2
