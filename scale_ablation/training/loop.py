@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from scale_ablation.analysis import failures
+from scale_ablation.analysis import baselines, failures
 from scale_ablation.records.run_files import STEP_LOSSES_FILE, SUMMARY_FIELDS, StepLosses
 from scale_ablation.records.tracking import RunTrackers, open_trackers
 from scale_ablation.records.wandb_tracker import WandbSettings
@@ -211,8 +211,25 @@ class Member:
         if self.start_step >= steps:  # killed after the final checkpoint, before summary.json
             self.evaluate(state)
             self.evaluate_test(state)
+            self.summary_fields.update(self._failures_of_logged_rows())
         self.checkpoints.save(steps, state)
         self.finish("completed", steps)
+
+    def _failures_of_logged_rows(self) -> dict:
+        """What `hooks.watch_failures` adds to the summary at the last step, from the rows on
+        disk: a run resumed from its final checkpoint runs no step, so no hook sees it."""
+        files = self.trackers.files
+        if files is None:  # not the process that writes the run files
+            return {}
+        found = baselines.baselines(self.config.to_dict())
+        unigram, bigram = (baselines.bits_to_nats(found[key]) if key in found else None
+                           for key in ("unigram_bpb", "bigram_bpb"))
+        rows, warmup = files.read_metrics(), self.config.train.warmup_steps
+        losses = self.step_losses.complete()
+        return {**failures.failure_steps(rows, warmup_steps=warmup, unigram_loss=unigram,
+                                         step_losses=losses),
+                "failures": failures.classify(rows, warmup_steps=warmup, unigram_loss=unigram,
+                                              bigram_loss=bigram, step_losses=losses)}
 
     def finish(self, status: str, step: int, **extra) -> None:
         """Write the summary and close the member's trackers and checkpoints."""
