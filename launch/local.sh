@@ -60,12 +60,20 @@ if ! installed; then
   [[ -n $dry_run ]] || touch "$stamp"
 fi
 
-# The report is worth having even when some runs failed, so it runs here rather than inside the
-# sweep (which writes one only when every run finished); the exit status stays the sweep's.
-# A refused sweep (exit 2: bad input, a directory in use) ran nothing: no report, its one line
-# is the whole answer.
+# The report runs only after a sweep that exited 0. Any other exit is the sweep's answer,
+# repeated here with its status: 2 refused (bad input, a directory in use), 3 stopped (Ctrl-C,
+# preempted: rerun to continue), 4 some run failed or is missing; a report now would judge runs
+# that never finished.
 status=0
 run "$python" -m scale_ablation.sweep --config="$spec" --workdir="$workdir" --noreport ${sweep_args[@]+"${sweep_args[@]}"} || status=$?
-((status == 2)) && exit 2
+((status == 2)) && exit 2  # refused, having run nothing: its one line is the whole answer
+if ((status != 0)); then
+  case $status in
+    3) why="stopped or preempted: rerun the same command to continue" ;;
+    4) why="some run failed or is missing, listed above" ;;
+    *) why="failed" ;;
+  esac
+  echo "local.sh: the sweep exited $status ($why); no report (python -m scale_ablation.report $workdir reports the runs that finished)" >&2
+  exit "$status"
+fi
 run "$python" -m scale_ablation.report ${report_args[@]+"${report_args[@]}"} "$workdir"
-exit "$status"

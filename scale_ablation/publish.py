@@ -187,9 +187,13 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
 USAGE = "python -m scale_ablation.publish [--record_only] SOURCE_SWEEP_DIR DEST_STUDY_DIR"
 
 
-def main(argv: list[str], record_only: bool = False) -> int:
+def main(argv: list[str], record_only: bool = False, partial: bool = False) -> int:
     if len(argv) != 3:
         print(f"usage: {USAGE}", file=sys.stderr)
+        return 2
+    # A stash is of a running sweep by design; a publish of one would judge part of its runs.
+    if not (record_only or partial) and (busy := report.sweep_in_progress(argv[1])):
+        print(f"error: {busy}", file=sys.stderr)
         return 2
     try:
         if record_only:
@@ -210,5 +214,8 @@ def main(argv: list[str], record_only: bool = False) -> int:
 if __name__ == "__main__":
     flags.DEFINE_bool("record_only", False, "Write DEST/runs.parquet only (no report, no README): "
                       "the stash of a sweep still running.")
-    command_line.start(lambda argv: main(argv, flags.FLAGS.record_only), positionals=2,
+    flags.DEFINE_bool("partial", False, "Publish a sweep still running (one holding SOURCE's "
+                      "lock) from the runs finished so far.")
+    command_line.start(lambda argv: main(argv, flags.FLAGS.record_only, flags.FLAGS.partial),
+                       positionals=2,
                        usage=USAGE)

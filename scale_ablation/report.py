@@ -28,12 +28,13 @@ from scale_ablation.analysis import tables as report_tables
 from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
 from scale_ablation.model import plugins
+from scale_ablation.records import locking, staging, study_store, wandb_workspace
 from scale_ablation.records import metrics_rows as rm
-from scale_ablation.records import staging, study_store, wandb_workspace
 from scale_ablation.records.run_files import FINISHED
 from scale_ablation.records.summary_csv import write_summary_csv
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker, resolve_wandb_mode
 from scale_ablation.training import experiment_files as experiment
+from scale_ablation.training import run_set
 
 
 def load_runs(sweep_dir: str) -> list[dict]:
@@ -159,7 +160,11 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
     against (default inv_sqrt_dk); one named explicitly must have runs in the sweep. `plots`:
     False writes the tables and claims only (what a check of them needs, at a fraction of the
     time)."""
-    runs = load_runs(sweep_dir)
+    if os.path.isfile(os.path.join(sweep_dir, "config.json")):
+        raise ValueError(f"{sweep_dir} is a run directory (it has a config.json), not a sweep: "
+                         "give the folder that holds the sweep's run directories")
+    found = run_set.of(sweep_dir)  # before anything is written: damaged records refuse here
+    runs = load_runs(sweep_dir) + run_set.read_unrecorded(found)
     if not runs:
         raise ValueError(f"no runs with a config.json under {sweep_dir}")
     rows = [summarise_run(run) for run in runs]
@@ -171,7 +176,7 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
     # (a damaged refined.json, a full disk) leaves the previous report as it was.
     with staging.staged(out) as building:
         staging.copy_into(out, building, WANDB_STATE)  # the summary run keeps its W&B id
-        _write_files(sweep_dir, building, runs, rows, reference, plots)
+        _write_files(sweep_dir, building, found, runs, rows, reference, plots)
     if workspace:  # after the summary run, whose table and images the view shows
         print(write_workspace(sweep_dir, runs, rows))
     return out
@@ -181,16 +186,15 @@ def write_report(sweep_dir: str, reference: str | None = None, workspace: bool =
 WANDB_STATE = ("wandb_run_id.txt", "wandb")
 
 
-def _write_files(sweep_dir: str, out: str, runs: list[dict], rows: list[dict], reference: str,
-                 plots: bool) -> None:
+def _write_files(sweep_dir: str, out: str, found: run_set.RunSet, runs: list[dict],
+                 rows: list[dict], reference: str, plots: bool) -> None:
     """The report's files into the folder `out`, and its W&B summary run."""
     header = write_summary_csv(rows, os.path.join(out, "summary.csv"))
     report_tables.write_markdown(rows, os.path.join(out, "summary.md"), reference)
     # Each paragraph goes right after the noise floor: the last inserted reads first.
     _insert_after_noise_floor(os.path.join(out, "summary.md"),
                               consumption.lines([run["summary"] for run in runs]))
-    incomplete = incomplete_runs(sweep_dir)
-    write_incomplete_notice(os.path.join(out, "summary.md"), incomplete)
+    write_incomplete_notice(os.path.join(out, "summary.md"), found)
     warning = repeated_data_warning(rows)
     if warning:  # inserted last, so it comes first, right after the noise floor
         _insert_after_noise_floor(os.path.join(out, "summary.md"), warning)
@@ -198,43 +202,47 @@ def _write_files(sweep_dir: str, out: str, runs: list[dict], rows: list[dict], r
         report_plots.write_plots(runs, rows, out)
     spec = _experiment_spec(sweep_dir)
     if spec is not None:
-        write_claims(load_claims(spec), spec, sweep_dir, rows, os.path.join(out, "claims.md"),
-                     without_result=len(incomplete))
+        # The runs without files count in their claims' arms as runs without a result.
+        write_claims(load_claims(spec), spec, sweep_dir, rows + absent_rows(found, spec),
+                     os.path.join(out, "claims.md"),
+                     run_count=(found.finished, len(found.statuses)))
     _log_to_wandb(sweep_dir, runs, header, rows, out)
 
 
-def _grid_statuses(sweep_dir: str) -> dict[str, str | None]:
-    """Run name -> the status sweep.json recorded (runs never started included), else the
-    directories with a config.json (status unknown: None)."""
-    grid = study_store.study_json(sweep_dir, study_store.SWEEP_FILE)
-    if grid is not None:
-        return {r["name"]: r.get("status") for r in grid["runs"]}
-    return dict.fromkeys(study_store.recorded_summaries(sweep_dir))
+def absent_rows(found: run_set.RunSet, spec: str) -> list[dict]:
+    """A row per run of the set with no config.json here, from its grid point (policy, d_k,
+    LR, seed, overrides) and its status: what the verdicts need to count it in its claim's
+    arms. None when the experiment file cannot be read here (the run set names them anyway)."""
+    try:
+        base = experiment.load_config(spec)
+    except ValueError:
+        return []
+    out = []
+    for name, (status, overrides) in found.absent().items():
+        try:
+            config = experiment.apply_overrides(base, overrides).to_dict()
+        except ValueError:  # a point the experiment no longer has: listed, not counted
+            continue
+        out.append({"name": name, "policy": config["policy"], "d_k": _d_k(config),
+                    "lr": config["train"]["lr"], "seed": config["train"]["seed"],
+                    "task": "mqar" if config["data"]["source"] == "mqar" else "lm",
+                    **{f"override:{k}": v for k, v in overrides.items()}, "status": status})
+    return out
 
 
 def incomplete_runs(sweep_dir: str) -> list[tuple[str, str]]:
     """(name, status) of the sweep's runs without a result: failed (refused ones included),
-    interrupted, preempted, or missing (in the grid, never started)."""
-    out = []
-    started = study_store.recorded_summaries(sweep_dir)  # runs with a config: name -> summary
-    for name, recorded in _grid_statuses(sweep_dir).items():
-        summary = started.get(name)
-        status = (summary or {}).get("status") or (
-            recorded if recorded not in (None, "pending") else
-            "interrupted" if name in started else "missing")
-        if status not in FINISHED:
-            out.append((name, status))
-    return out
+    interrupted, preempted, missing (in the grid, never started) or damaged (`run_set`)."""
+    return [(name, status) for name, status in run_set.of(sweep_dir).statuses.items()
+            if status not in FINISHED]
 
 
-def write_incomplete_notice(path: str, incomplete: list[tuple[str, str]]) -> None:
-    """Put the runs without a result at the top of the markdown report, after the noise-floor
-    line: the tables below leave them out, and a reader must not take them for the whole grid."""
-    if not incomplete:
-        return
-    lines = [f"**{len(incomplete)} run(s) without a result, left out of the tables below:**", ""]
-    lines += [f"- {name}: {status}" for name, status in incomplete]
-    _insert_after_noise_floor(path, lines)
+def write_incomplete_notice(path: str, found: run_set.RunSet) -> None:
+    """Put the runs without a result, those with damaged files and the names outside the run
+    set at the top of the markdown report, after the noise-floor line: the tables below leave
+    them out, and a reader must not take them for the whole grid."""
+    if lines := found.notice():
+        _insert_after_noise_floor(path, lines)
 
 
 NAMED_RUNS = 5  # a warning names this many runs, then counts the rest
@@ -307,12 +315,16 @@ USAGE = ("python -m scale_ablation.report [--imports=MODULE_OR_FILE,...] SWEEP_D
          "[--reference=POLICY] [--wandb_workspace]")
 
 
-def main(argv: list[str], reference: str | None = None, workspace: bool = False) -> int:
+def main(argv: list[str], reference: str | None = None, workspace: bool = False,
+         partial: bool = False) -> int:
     if len(argv) != 2:
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     if not os.path.isdir(argv[1]):
         print(f"error: no such sweep directory: {argv[1]}", file=sys.stderr)
+        return 2
+    if not partial and (busy := sweep_in_progress(argv[1])):
+        print(f"error: {busy}", file=sys.stderr)
         return 2
     try:
         # The sweep's policies, as its runs had them: --imports, else what sweep.json recorded.
@@ -325,8 +337,19 @@ def main(argv: list[str], reference: str | None = None, workspace: bool = False)
         print(f.read())
     # The verdicts last, where a reader of a long table finds them (the main job's closing lines).
     print("\n".join(verdict_lines(out)))
-    print(f"report written to {out}")
+    count = run_set.of(argv[1]).count_line()
+    print(f"{count}: " * bool(count) + f"report written to {out}")
     return 0
+
+
+def sweep_in_progress(sweep_dir: str) -> str | None:
+    """One line saying that a sweep holds `sweep_dir` (None: none does): its runs are still
+    training, and a report or publish of it now would judge part of them as if that were all."""
+    holder = locking.holder(sweep_dir)
+    if holder is None:
+        return None
+    return (f"a sweep is writing {sweep_dir} ({holder}): its runs are not all finished; wait "
+            "for it to end, or give --partial for a report on the runs finished so far")
 
 
 def verdict_lines(out: str) -> list[str]:
@@ -347,6 +370,8 @@ if __name__ == "__main__":
     flags.DEFINE_bool("wandb_workspace", False, "Also build the study's W&B workspace (runs "
                       "grouped by policy; needs the `workspace` extra): saved when online, its "
                       "specification written to report/wandb_workspace.json in every mode.")
+    flags.DEFINE_bool("partial", False, "Report a sweep still running (one holding the "
+                      "directory's lock) on the runs finished so far.")
     command_line.start(lambda argv: main(argv, flags.FLAGS.reference,
-                                         flags.FLAGS.wandb_workspace),
+                                         flags.FLAGS.wandb_workspace, flags.FLAGS.partial),
                        positionals=1, usage=USAGE)

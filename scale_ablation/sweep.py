@@ -49,7 +49,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED
-from scale_ablation.training import hooks, plan_text, refine_grid, runs, runtime
+from scale_ablation.training import hooks, plan_text, refine_grid, run_set, runs, runtime
 from scale_ablation.training.compile_log import CompileLog
 from scale_ablation.training.progress import Progress
 from scale_ablation.training.refine_grid import REFINED_FILE
@@ -59,6 +59,7 @@ from scale_ablation.training.sweep_grid import (  # noqa: F401 - the sweep's API
     SweepFile,
     check_added_policies,
     check_finished_runs,
+    check_recorded_runs,
     expand,
     final_statuses,
     run_status,
@@ -150,6 +151,7 @@ def main(argv: list[str]) -> int:
         check_added_policies(tuple(_ADD_POLICIES.value), imports)
         points = expand(_CONFIG.value, sweep_dir, tuple(_ADD_POLICIES.value))
         points += refine_grid.recorded_points(sweep_dir, points)
+        check_recorded_runs(sweep_dir, points)  # the run set never shrinks silently
         statuses = {p.name: run_status(sweep_dir, p) for p in points}
         check_finished_runs(sweep_dir, points, statuses, _EXTEND.value)
         extra_hooks = hooks.hooks_from_environment(dict(os.environ))
@@ -204,7 +206,7 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     sweep's exit code."""
     jsonfiles.remove_leftover_temporaries(sweep_dir)
     runtime.enable_compilation_cache(os.path.join(sweep_dir, "run"))
-    sweep_file = SweepFile(sweep_dir, _CONFIG.value, points, imports)
+    sweep_file = SweepFile(sweep_dir, _CONFIG.value, points, imports, tuple(_ADD_POLICIES.value))
     sweep_file.write()
     progress = Progress(len(points), len(points) - len(todo))
     progress.show(running=0)
@@ -239,11 +241,12 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     return EXIT_INCOMPLETE if missing or not (reported and sweep_file.written) else 0
 
 
-def _curves(sweep_dir: str) -> list[optimum.CurveOptimum]:
-    """Each setting's curve over the LR grid, as the report's best-LR table locates it."""
+def _curves(sweep_dir: str) -> tuple[list[optimum.CurveOptimum], list[str]]:
+    """Each setting's curve over the LR grid, as the report's best-LR table locates it, and a
+    line for each setting with one LR, which has no curve to refine."""
     rows = [report.summarise_run(run) for run in report.load_runs(sweep_dir)]
     key, higher = cmp.primary_metric(rows)
-    return optimum.curve_optima(rows, key, higher, n_boot=0)
+    return optimum.curve_optima(rows, key, higher, n_boot=0), refine_grid.unrefinable(rows)
 
 
 def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, ...],
@@ -255,15 +258,16 @@ def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, 
     while code != 3:  # preempted: rerun to continue
         done = len(refine_grid.read_rounds(sweep_dir))
         try:
-            proposals = refine_grid.propose(_curves(sweep_dir), {p.name: p for p in points})
+            curves, single = _curves(sweep_dir)
+            proposals = refine_grid.propose(curves, {p.name: p for p in points})
         except ValueError as error:  # a run's files are damaged
             print(f"[refine] error: {error}", flush=True)
             return EXIT_INCOMPLETE
-        for proposal in proposals:
-            print(f"[refine] {proposal.line()}", flush=True)
+        for line in [*(proposal.line() for proposal in proposals), *single]:
+            print(f"[refine] {line}", flush=True)
         added = [entry for proposal in proposals for entry in proposal.added]
         if not added or done >= _REFINE_ROUNDS.value:
-            _print_refined(proposals, added, done)
+            _print_refined(proposals, added, done, len(single))
             break
         refine_grid.record_round(sweep_dir, added)
         print(f"[refine] round {done + 1} of at most {_REFINE_ROUNDS.value}: {len(added)} runs "
@@ -283,8 +287,15 @@ def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, 
     return code if reported else EXIT_INCOMPLETE
 
 
-def _print_refined(proposals: list[refine_grid.Proposal], added: list[dict], done: int) -> None:
+def _print_refined(proposals: list[refine_grid.Proposal], added: list[dict], done: int,
+                   single: int = 0) -> None:
     waiting = sum(bool(p.curve.waiting) for p in proposals)
+    if single and not added and not waiting:  # "every setting is interior" would be false
+        where = (f"the {len(proposals)} with an LR grid are interior and bracketed at ×√2 "
+                 f"after {done} rounds" if proposals else "no setting has an LR grid")
+        print(f"[refine] {single} setting(s) with one learning rate cannot be refined; {where}",
+              flush=True)
+        return
     if added:
         print(f"[refine] not added: --refine_rounds={_REFINE_ROUNDS.value} rounds are recorded; "
               f"{sum(bool(p.lrs) for p in proposals)} settings are not yet interior and "
@@ -321,7 +332,8 @@ def _print_verdicts(out: str) -> None:
     sweep's design cannot support (claims.md says it at the head of every verdict)."""
     lines = [f"[sweep] {line}" for line in report.verdict_lines(out)]
     path = os.path.join(out, "claims.md")
-    print("\n".join([*lines, f"[sweep] report: {out}/summary.md"
+    count = run_set.of(os.path.dirname(out)).count_line()  # the verdicts rest on these alone
+    print("\n".join([*lines, f"[sweep] {count}: " * bool(count) + f"report: {out}/summary.md"
                      + (f", {path}" if lines else "")]), flush=True)
 
 def check_flags() -> None:

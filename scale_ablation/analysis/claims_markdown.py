@@ -21,11 +21,13 @@ def _refine_flags(records_dir: str) -> str:
 
 
 def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: list[dict],
-                 path: str, without_result: int = 0, records_dir: str | None = None) -> bool:
+                 path: str, run_count: tuple[int, int] | None = None,
+                 records_dir: str | None = None) -> bool:
     """Write claims.md for the experiment's claims; False (nothing written) when it has none.
-    `without_result`: the sweep's runs with no result yet, said at the top, since the verdicts
-    rest on the others. `records_dir`: where the sweep's records (refined.json) are read, a
-    run directory or a study store's folder; default `sweep_dir`."""
+    `run_count`: (finished, all) runs of the sweep's run set; when some have no result, the
+    count heads the file, since the verdicts rest on the finished ones alone. `records_dir`:
+    where the sweep's records (refined.json) are read, a run directory or a study store's
+    folder; default `sweep_dir`."""
     if not declared:
         return False
     refine = _refine_flags(records_dir or sweep_dir)
@@ -34,9 +36,9 @@ def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: lis
              f"{refine}`",
              "", "Verdicts are computed by scale_ablation/analysis/verdicts.py from the runs' "
              "files; every test of this study is one family, Holm-corrected.", ""]
-    if without_result:
-        lines += [f"**{without_result} of the sweep's runs have no result yet (summary.md lists "
-                  "them): these verdicts rest on the runs that finished.**", ""]
+    if run_count is not None and run_count[0] < run_count[1]:
+        lines = [f"**{run_count[0]} of {run_count[1]} runs finished** (summary.md lists the "
+                 "others): these verdicts rest on the finished runs alone.", "", *lines]
     caveats = verdicts.limits(rows, declared)
     if caveats:
         lines += ["**This sweep cannot support a verdict:** " + "; ".join(caveats) + ".", ""]

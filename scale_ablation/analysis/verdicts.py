@@ -2,6 +2,13 @@
 
 The rules, stated once:
 
+- **Finished runs only.** A verdict rests on the runs that finished (completed or diverged:
+  `run_files.FINISHED`). A run that failed, was interrupted or preempted, or never started counts
+  neither for nor against a claim: every rule judges the finished runs alone, and a verdict
+  whose arms (the claim's policies and its reference) have unfinished runs says how many of
+  them finished. A claim whose arms have fewer finished runs than its rule needs (two paired
+  seeds for a test; for "trains smoothly", every run at a learning rate) is inconclusive, and
+  none finished is a caveat of the whole sweep (`limits`).
 - **One family per study.** Every hypothesis test that the claims of one experiment file make
   (each paired difference, each equivalence test, each count comparison) is one family, and
   Holm's step-down correction at ALPHA is applied over all of them (`significance.holm`). Both
@@ -28,10 +35,12 @@ The rules, stated once:
   (`comparisons.report_metric`); the numbers say which split they come from.
 - **Trains smoothly** (`Unstable`): a learning rate at which every run completed with none of
   the failure kinds of `failures.py` (diverged, spiked, entropy collapse, not learning,
-  collapsed).
+  collapsed). Only a finished run with a failure kind makes an LR not smooth; an LR whose runs
+  have none but did not all finish is unknown, and a verdict that depends on it inconclusive.
 - **What a sweep cannot support** (`limits`): one seed per setting (no CI, no test), one
   learning rate per setting (no policy at its own best LR), or runs that did not learn (the best
-  run is not LEARNED_MARGIN bits per byte below the bigram baseline): each is said at the head
+  run is not LEARNED_MARGIN bits per byte below the bigram baseline, or no run finished): each
+  is said at the head
   of every verdict, and a verdict that such a sweep cannot support is "inconclusive".
 """
 
@@ -56,6 +65,7 @@ from scale_ablation.analysis.claims import (
 )
 from scale_ablation.analysis.verdict_bands import judge_band
 from scale_ablation.analysis.verdict_counts import Counting, Divergences, Test, p_text, split_of
+from scale_ablation.records.run_files import FINISHED
 
 ALPHA = significance.ALPHA
 LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned beyond counting
@@ -78,10 +88,40 @@ def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
         out.append("one learning rate per setting: no policy is compared at its own best LR")
     bigram = [r["baseline_bigram_bpb"] for r in rows if r.get("baseline_bigram_bpb") is not None]
     values = [v for r in rows if (v := cmp.finished_value(r, "final_val_bpb")) is not None]
-    if bigram and values and min(values) > min(bigram) - LEARNED_MARGIN:
+    if rows and not finished_rows(rows):
+        out.append(f"no run finished: none of its {len(rows)} runs has a result")
+    elif bigram and values and min(values) > min(bigram) - LEARNED_MARGIN:
         out.append(f"no run learned: the best ends at {min(values):.3f} bits per byte, not "
                    f"{LEARNED_MARGIN} below the bigram baseline's {min(bigram):.3f}")
     return out
+
+
+def finished_rows(rows: list[dict]) -> list[dict]:
+    """The rows of runs that finished (completed or diverged): all a verdict rests on."""
+    return [r for r in rows if r.get("status") in FINISHED]
+
+
+def _arms(rule: object, rows: list[dict]) -> list[dict]:
+    """The rows a rule compares: its policies and its reference (every row when it names no
+    policy), at d_k >= its min_d_k."""
+    named = set(getattr(rule, "policies", ()) or ())
+    if named and getattr(rule, "reference", None):
+        named.add(rule.reference)
+    return [r for r in rows if (not named or r["policy"] in named)
+            and r["d_k"] >= getattr(rule, "min_d_k", 0)]
+
+
+def _with_finished_count(verdict: Verdict, rule: object, rows: list[dict]) -> Verdict:
+    """`verdict` saying how many of its arms' runs finished when some did not; inconclusive
+    when none did (no rule can rest on no runs)."""
+    arms = _arms(rule, rows)
+    done = len(finished_rows(arms))
+    if done == len(arms):
+        return verdict
+    count = f"{done} of {len(arms)} runs of its arms finished"
+    if done == 0:
+        return Verdict("inconclusive", f"no run of its arms finished ({count})", verdict.numbers)
+    return Verdict(verdict.verdict, f"{verdict.reason} ({count})", verdict.numbers)
 
 
 # --------------------------------------------------------------------------- one family of tests
@@ -225,44 +265,81 @@ def _paired_own_lr(rows: list[dict], reference: str, key: str,
 # --------------------------------------------------------------------------- trains smoothly
 
 
-def _smooth_lrs(rows: list[dict]) -> dict[tuple[str, int], list[float]]:
-    """(policy, d_k) -> the learning rates at which every run completed with no failure of the
-    taxonomy (an empty list when there is none)."""
+SMOOTH, ROUGH, UNKNOWN = "smooth", "rough", "unknown"
+
+
+def _lr_standing(runs: list[dict]) -> str:
+    """ROUGH when a finished run has a failure kind, SMOOTH when every run completed with none,
+    UNKNOWN otherwise (some run has no result: it counts neither way)."""
+    done = finished_rows(runs)
+    if any(failures.row_failures(r) or r["status"] != "completed" for r in done):
+        return ROUGH
+    return SMOOTH if len(done) == len(runs) else UNKNOWN
+
+
+def _lr_standings(rows: list[dict]) -> dict[tuple[str, int], dict[float, str]]:
+    """(policy, d_k) -> learning rate -> its standing (`_lr_standing`), in LR order."""
     by_lr: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
         by_lr[(r["policy"], r["d_k"])][r["lr"]].append(r)
-    return {group: sorted(lr for lr, runs in lrs.items()
-                          if all(r["status"] == "completed" and not failures.row_failures(r)
-                                 for r in runs))
+    return {group: {lr: _lr_standing(lrs[lr]) for lr in sorted(lrs)}
             for group, lrs in by_lr.items()}
 
 
+def _smooth_lrs(rows: list[dict]) -> dict[tuple[str, int], list[float]]:
+    """(policy, d_k) -> the learning rates at which every run completed with no failure of the
+    taxonomy (an empty list when there is none)."""
+    return {group: [lr for lr, s in lrs.items() if s == SMOOTH]
+            for group, lrs in _lr_standings(rows).items()}
+
+
 def _failure_counts(runs: list[dict]) -> str:
-    counts = {kind: sum(kind in failures.row_failures(r) for r in runs)
+    done = finished_rows(runs)
+    counts = {kind: sum(kind in failures.row_failures(r) for r in done)
               for kind in failures.FAILURE_KINDS}
     found = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items() if n)
-    return f"{found or 'no failures'} of {len(runs)} runs"
+    unfinished = len(runs) - len(done)
+    return (f"{found or 'no failures'} of {len(done)} runs"
+            + (f" ({unfinished} more without a result)" if unfinished else ""))
+
+
+def _unstable_line(policy: str, d_k: int, lrs: dict[float, str], runs: list[dict]) -> str:
+    def listed(standing: str) -> str:
+        return ", ".join(f"{lr:.3g}" for lr, s in lrs.items() if s == standing)
+    unknown = listed(UNKNOWN)
+    return (f"{policy}, d_k={d_k}: smooth at LR {listed(SMOOTH) or 'none'}; "
+            + (f"unknown at LR {unknown} (runs without a result); " if unknown else "")
+            + _failure_counts(runs))
 
 
 def _judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verdict:
     rows = [r for r in rows if r["policy"] in rule.policies and r["d_k"] >= rule.min_d_k]
-    smooth = _smooth_lrs(rows)
-    numbers = tuple(f"{policy}, d_k={d_k}: smooth at LR "
-                    f"{', '.join(f'{lr:.3g}' for lr in lrs) or 'none'}; "
-                    + _failure_counts([r for r in rows if (r["policy"], r["d_k"]) == (policy, d_k)])
-                    for (policy, d_k), lrs in smooth.items())
-    if not smooth:
+    standings = _lr_standings(rows)
+    numbers = tuple(_unstable_line(policy, d_k, lrs, [r for r in rows
+                                                      if (r["policy"], r["d_k"]) == (policy, d_k)])
+                    for (policy, d_k), lrs in standings.items())
+    if not standings:
         return Verdict("inconclusive", "no runs of these policies", numbers)
-    trains = "; ".join(f"{p} d_k={d}" for (p, d), lrs in smooth.items() if lrs)
-    fails = "; ".join(f"{p} d_k={d}" for (p, d), lrs in smooth.items() if not lrs)
+    def named(test) -> str:
+        return "; ".join(f"{p} d_k={d}" for (p, d), lrs in standings.items()
+                         if test(set(lrs.values())))
+    trains = named(lambda found: SMOOTH in found)
+    fails = named(lambda found: found == {ROUGH})
+    unknown = named(lambda found: UNKNOWN in found and SMOOTH not in found)
     if caveats:
         return Verdict("inconclusive", "this sweep cannot tell (see the caveats)", numbers)
     if rule.expect_unstable:
         if trains:
             return Verdict("contradicted", f"trains smoothly at some LR: {trains}", numbers)
+        if unknown:
+            return Verdict("inconclusive", "some learning rates have runs without a result: "
+                           f"{unknown}", numbers)
         return Verdict("supported", "no learning rate trains smoothly", numbers)
     if fails:
         return Verdict("contradicted", f"no learning rate trains smoothly: {fails}", numbers)
+    if unknown:
+        return Verdict("inconclusive", "no learning rate known to train smoothly, some with "
+                       f"runs without a result: {unknown}", numbers)
     return Verdict("supported", "every policy trains smoothly at some learning rate", numbers)
 
 
@@ -281,9 +358,12 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
     caveats = limits(rows, declared)
     key, _ = cmp.primary_metric(rows)
     floor = cmp.noise_floor(rows, cmp.DEFAULT_REFERENCE, key)
-    parts = []
+    parts, arms = [], []
     for claim in declared:
-        rule, claim_rows = _flatten(claim, rows)
+        rule, every_row = _flatten(claim, rows)
+        arms.append((rule, every_row))
+        # Unstable sees the unfinished runs too: they make an LR unknown, never rough.
+        claim_rows = every_row if isinstance(rule, Unstable) else finished_rows(every_row)
         if isinstance(rule, Compare):
             margin = rule.margin if rule.margin is not None else (floor and floor.median)
             parts.append(_Comparison(rule, claim_rows, margin))
@@ -295,7 +375,7 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
             parts.append((rule, claim_rows))
     _adjust([t for part in parts if hasattr(part, "tests") for t in part.tests()])
     out = []
-    for part in parts:
+    for part, (rule, every_row) in zip(parts, arms, strict=True):
         if hasattr(part, "verdict"):
             verdict = part.verdict(caveats)
         elif hasattr(part[0], "judge"):  # a rule that judges itself (`transfer.Transfer`)
@@ -304,7 +384,7 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
             verdict = judge_band(part[0], part[1])
         else:
             verdict = _judge_unstable(part[0], part[1], caveats)
-        out.append(verdict)
+        out.append(_with_finished_count(verdict, rule, every_row))
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import optimum
 from scale_ablation.errors import ConfigError
 from scale_ablation.records import jsonfiles
@@ -50,6 +51,14 @@ class Proposal:
         seeds = len(self.added) // len(self.lrs) if self.added else 0
         return (f"{where}: {state} {grid}: adds LR {', '.join(f'{x:.6g}' for x in self.lrs)} "
                 f"({seeds} seed{'s' * (seeds != 1)} each)")
+
+
+def unrefinable(rows: list[dict]) -> list[str]:
+    """One line per setting and d_k with a single learning rate: no curve to locate a best LR
+    on, so refining has no direction to go (`optimum.curve_optima` leaves it out)."""
+    return [f"{name} d_k={d_k}: one learning rate ({next(iter(by_lr)):.3g}): cannot refine it "
+            "(refining needs two or more LRs per setting)"
+            for (name, d_k), by_lr in cmp.curves(rows).items() if len(by_lr) < 2]
 
 
 def _rounded(lr: float) -> float:

@@ -68,6 +68,24 @@ def check_added_policies(specs: tuple[str, ...], imports: tuple[str, ...]) -> No
             raise ValueError(f"--add_policies={spec}: {error}.{hint}".replace("..", ".")) from None
 
 
+def check_recorded_runs(sweep_dir: str, points: list[Point]) -> None:
+    """Raise ValueError, before anything is written, when sweep.json records runs that the
+    grid `points` lacks: rewriting it from this grid would drop them from the sweep's record
+    and its report. Names the flags the sweep recorded, which bring them back."""
+    record = jsonfiles.read_json(os.path.join(sweep_dir, "sweep.json")) or {}
+    names = {p.name for p in points}
+    lacking = [r["name"] for r in record.get("runs", []) if r["name"] not in names]
+    if not lacking:
+        return
+    flags = " ".join(f"--{flag}={','.join(record[flag])}" for flag in ("imports", "add_policies")
+                     if record.get(flag))
+    how = (f"rerun with the flags it was started with: {flags}" if flags else
+           "rerun with the --imports and --add_policies it was started with, if any")
+    raise ValueError(f"{os.path.join(sweep_dir, 'sweep.json')} records {len(lacking)} run(s) "
+                     f"this grid lacks (first: {lacking[0]}): {how} (or the experiment file or "
+                     "refined.json changed since; give another --workdir)")
+
+
 def run_status(sweep_dir: str, point: Point) -> str:
     """The run's status on disk ("pending" if none); ValueError naming a damaged summary."""
     summary = RunFiles(os.path.join(sweep_dir, point.name)).read_summary()
@@ -112,13 +130,15 @@ def final_statuses(sweep_dir: str, points: list[Point],
 
 def write_sweep_file(sweep_dir: str, spec: str, points: list[Point],
                      outcomes: dict[str, str] | None = None,
-                     imports: Sequence[str] = ()) -> None:
-    """sweep.json: the grid, each run's status (`final_statuses`) and the `--imports` its runs
-    had, which `report` loads again."""
+                     imports: Sequence[str] = (), add_policies: Sequence[str] = ()) -> None:
+    """sweep.json: the grid, each run's status (`final_statuses`), the `--imports` its runs
+    had, which `report` loads again, and the `--add_policies` that made its grid (the report's
+    run set, `run_set`, expands the same grid)."""
     statuses = final_statuses(sweep_dir, points, outcomes)
     record = {
         "config": spec,
         "imports": plugins.recorded(imports),
+        **({"add_policies": list(add_policies)} if add_policies else {}),
         "runs": [{"name": p.name, "overrides": p.overrides, "status": statuses[p.name]}
                  for p in points],
     }
@@ -132,13 +152,15 @@ class SweepFile:
     runs' own files hold their results, and the sweep's exit code says it is incomplete."""
 
     def __init__(self, sweep_dir: str, spec: str, points: list[Point],
-                 imports: Sequence[str]) -> None:
+                 imports: Sequence[str], add_policies: Sequence[str] = ()) -> None:
         self.sweep_dir, self.spec, self.points, self.imports = sweep_dir, spec, points, imports
+        self.add_policies = add_policies
         self.written = True
 
     def write(self, outcomes: dict[str, str] | None = None) -> None:
         try:
-            write_sweep_file(self.sweep_dir, self.spec, self.points, outcomes, self.imports)
+            write_sweep_file(self.sweep_dir, self.spec, self.points, outcomes, self.imports,
+                             self.add_policies)
         except OSError as error:
             if error.errno != errno.ENOSPC:
                 raise
