@@ -11,7 +11,8 @@ published is exactly what regenerates (tests/test_published.py); its summary.csv
 claims.md and plots go beside runs.parquet, with the copy's path written as
 `runs/STUDY` (STUDY: DEST's name), the path the study's command names. Every README that quotes
 DEST/claims.md between `<!-- claims: PATH -->` markers (DEST's own, the repository's) gets the new
-text, and the repository README's results-index row for STUDY its new verdicts.
+text; the claims table (experiments/results/claims.csv, .parquet) and the README's results index
+are generated again (`claims_table`).
 
 The record files alone mark a run finished, so a sweep directory seeded from them trains only
 what is missing: `python -m scale_ablation.records.study_store extract DEST runs/STUDY`, then
@@ -36,13 +37,12 @@ import tempfile
 
 from absl import flags
 
-from scale_ablation import command_line, report
+from scale_ablation import claims_table, command_line, report
 from scale_ablation.model import plugins
 from scale_ablation.records import jsonfiles, staging, study_store
 from scale_ablation.records.run_files import FINISHED
 
 REPORT_SUFFIXES = (".md", ".csv", ".png")
-_VERDICT = re.compile(r"Verdict[^\n]*?: \*\*(\w+)\*\*")
 PUBLISHING = "publishing"  # the name part of publish's staging folders beside DEST
 _QUOTE = re.compile(r"<!-- claims: (\S+) -->\n.*?<!-- end claims -->", re.DOTALL)
 
@@ -123,22 +123,11 @@ def quote(claims_text: str, path: str) -> str:
     return f"<!-- claims: {path} -->\n{body}\n<!-- end claims -->"
 
 
-def requote(readme: pathlib.Path, root: pathlib.Path, study: str) -> bool:
-    """Refresh `readme`'s quoted claims blocks, and its results-index row for STUDY (the runs
-    published, the verdicts, the before-its-rerun cell no longer "pending"); return whether the
-    text changed."""
+def requote(readme: pathlib.Path, root: pathlib.Path) -> bool:
+    """Refresh `readme`'s quoted claims blocks; return whether the text changed. (The results
+    index is generated from the claims table: `claims_table`.)"""
     text = readme.read_text()
     new = _QUOTE.sub(lambda m: quote((root / m.group(1)).read_text(), m.group(1)), text)
-    published = root / "experiments" / "results" / study
-    if (published / "claims.md").exists():
-        verdicts = ", ".join(_VERDICT.findall((published / "claims.md").read_text()))
-        link = re.escape(f"[{study}](experiments/results/{study}/README.md)")
-        new = re.sub(rf"\| [a-z, ]+ (\| {link} \|)", rf"| {verdicts} \g<1>", new)
-        if (store := study_store.store_path(str(published))) is not None:  # the runs cell
-            runs = study_store.run_count(store)
-            new = re.sub(rf"\| \d+ (\| [a-z, ]+ \| {link} \|)", rf"| {runs} \g<1>", new)
-        # The verdicts before its rerun stay; the rerun is no longer pending.
-        new = re.sub(rf"(\| {link} \| [^|\n]*?) \(rerun pending\)", r"\g<1>", new)
     if new != text:
         jsonfiles.write_text_atomic(readme, new)
     return new != text
@@ -181,7 +170,14 @@ def publish(source: str, dest: str) -> tuple[int, list[str]]:
     if root is None:  # no repository to resolve the quoted paths against
         return runs, []
     readmes = [pathlib.Path(dest, "README.md"), root / "README.md"]
-    return runs, [str(doc) for doc in readmes if doc.is_file() and requote(doc, root, study)]
+    changed = [str(doc) for doc in readmes if doc.is_file() and requote(doc, root)]
+    # The claims table and the README's results index, generated from every study's claims.md.
+    if (root / claims_table.RESULTS / claims_table.INDEX_FILE).is_file():
+        before = (root / "README.md").read_text()
+        claims_table.write(root)
+        if (root / "README.md").read_text() != before and str(root / "README.md") not in changed:
+            changed.append(str(root / "README.md"))
+    return runs, changed
 
 
 USAGE = "python -m scale_ablation.publish [--record_only] SOURCE_SWEEP_DIR DEST_STUDY_DIR"

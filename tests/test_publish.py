@@ -9,7 +9,6 @@ import csv
 import json
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import sys
 import pytest
 from helpers import REPO, snapshot
 
-from scale_ablation import publish
+from scale_ablation import claims_table, publish
 from scale_ablation.records import study_store
 
 HEADLINE = REPO / "experiments" / "results" / "headline"
@@ -34,7 +33,7 @@ def headline_runs(target: pathlib.Path) -> None:
     """The headline's run directories, written back from its store."""
     study_store.write_run_dirs(study_store.read_store(str(STORE)), str(target))
 INDEX_ROW = ("| Headline | 5 | contradicted | [headline](experiments/results/headline/README.md) "
-             "| contradicted (rerun pending) |")
+             "| contradicted | — |")
 
 
 def rows(path: pathlib.Path) -> list[dict]:
@@ -65,12 +64,16 @@ def sweep(tmp_path) -> pathlib.Path:
 @pytest.fixture
 def repository(tmp_path) -> pathlib.Path:
     """A repository whose README indexes the study with stale verdicts and whose study README
-    quotes a stale claims.md."""
+    quotes a stale claims.md; its experiment file and the index's hand-written part
+    (index.csv) as the repository holds them."""
     root = tmp_path / "repo"
     study = root / "experiments" / "results" / "headline"
     study.mkdir(parents=True)
     (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (root / "README.md").write_text(f"# x\n\n## Results\n\n{INDEX_ROW}\n")
+    shutil.copy2(REPO / "experiments" / "headline.py", root / "experiments" / "headline.py")
+    shutil.copy2(REPO / "experiments" / "results" / "index.csv",
+                 root / "experiments" / "results" / "index.csv")
     (study / "README.md").write_text(
         "# Headline\n\n<!-- claims: experiments/results/headline/claims.md -->\n> # old\n"
         "<!-- end claims -->\n")
@@ -100,9 +103,10 @@ def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep
     claims = (dest / "claims.md").read_text()
     assert publish.quote(claims, "experiments/results/headline/claims.md") in (
         dest / "README.md").read_text()
-    verdicts = ", ".join(re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", claims))
-    row = INDEX_ROW.replace("| 5 | contradicted |", f"| {runs} | {verdicts} |")  # was 5
-    assert row.replace(" (rerun pending)", "") in (repository / "README.md").read_text()
+    # the index and the claims table generated from the published claims.md (was 5 runs)
+    assert claims_table.stale(repository) == []
+    index = (repository / "README.md").read_text()
+    assert INDEX_ROW not in index and f"| Headline (main job) | {runs} | **supported**" in index
     assert sorted(changed) == sorted([str(dest / "README.md"), str(repository / "README.md")])
 
 
@@ -155,20 +159,3 @@ def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
     def run_files(tree: dict) -> dict:  # the sweep's own record (sweep.json, .lock) is its to write
         return {k: v for k, v in tree.items() if k.startswith("policy=")}
     assert run_files(snapshot(sweep_dir)) == run_files(before) != {}
-
-
-def test_a_verdict_headed_by_its_caveats_reaches_the_index(tmp_path):
-    """A smoke run's verdicts are headed by what its design cannot support, colons included."""
-    study = tmp_path / "experiments" / "results" / "quick"
-    study.mkdir(parents=True)
-    study_store.write_store(study_store.Study([study_store.RunRecord(
-        "policy=none,seed=0", {}, {"policy": "none"}, {"status": "completed"}, [], None)], {}),
-        str(study / study_store.STORE_FILE))
-    (study / "claims.md").write_text(
-        "## 1. x\n\nVerdict (one seed per setting: no interval can be formed): **inconclusive**: "
-        "too few seeds: **not** a result.\n\n## 2. y\n\nVerdict: **supported**: all better.\n")
-    readme = tmp_path / "README.md"
-    readme.write_text("| Quick | 9 | contradicted | [quick](experiments/results/quick/README.md) |\n")
-    assert publish.requote(readme, tmp_path, "quick")
-    assert readme.read_text() == (
-        "| Quick | 1 | inconclusive, supported | [quick](experiments/results/quick/README.md) |\n")
