@@ -1,0 +1,107 @@
+"""located.py's rule against optimum.py and exponent.py (independent code for the same point
+estimates), its bounds, failed runs and bad input. Coverage: test_located_coverage.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scale_ablation.analysis import exponent, located, optimum
+
+
+def noisy_curve(rng: np.random.Generator, lrs: list[float], n_seeds: int, noise: float,
+                lr_star: float = 3e-3) -> dict[int, list[float]]:
+    return {s: [2.0 + 0.3 * math.log(lr / lr_star) ** 2 + offset + rng.normal(0, noise)
+                for lr in lrs] for s, offset in enumerate(rng.normal(0, noise, n_seeds))}
+
+
+def test_the_point_estimate_is_optimum_pys_vertex():
+    rng = np.random.default_rng(1)
+    lrs = [1e-3 * 2**(k / 2) for k in range(7)]
+    for trial in range(20):
+        losses = noisy_curve(rng, lrs, 3, 0.03)
+        old = optimum.fit_optimum(lrs, losses, n_boot=0)
+        new = located.locate_curve(lrs, losses, n_draws=10, seed=trial)
+        assert new.edge == old.edge and new.fitted == old.fitted
+        assert new.star == pytest.approx(old.lr_star, rel=1e-9)
+        assert new.log_ci[0] <= new.log_star <= new.log_ci[1]
+
+
+def test_c_star_is_exponent_pys_with_each_c_at_its_best_lr():
+    rng = np.random.default_rng(2)
+    cs, lrs = [2.0**k for k in range(-3, 4)], [1e-3 * 2**k for k in range(4)]
+    rows, grid = [], {}
+    for c in cs:
+        for lr in lrs:
+            grid[c, lr] = {}
+            for s in range(3):
+                value = (2.0 + 0.05 * math.log(c / 0.7) ** 2 + 0.2 * math.log(lr / 3e-3) ** 2
+                         + rng.normal(0, 0.03))
+                grid[c, lr][s] = value
+                rows.append({"policy": f"c_inv_sqrt_dk:{c!r}", "d_k": 16, "lr": lr, "seed": s,
+                             "status": "completed", "final_val_bpb": value})
+    curve = exponent.c_curves(rows, "fan_in")[16]
+    old = exponent.locate(curve, n_boot=0)
+    new = located.locate(grid, n_draws=10)
+    assert new.star == pytest.approx(old.lr_star, rel=1e-9) and new.fitted == old.fitted
+    assert new.nuisance_edge == exponent.lr_edge_near(curve, old)
+    # Drop the lowest LR: every c's best LR (near 3e-3) stays interior, then sits on an edge.
+    for low in (1e-3, 2e-3):
+        cut = {p: v for p, v in grid.items() if p[1] > low}
+        cut_rows = [r for r in rows if r["lr"] > low]
+        curve = exponent.c_curves(cut_rows, "fan_in")[16]
+        assert (located.locate(cut, n_draws=10).nuisance_edge
+                == exponent.lr_edge_near(curve, exponent.locate(curve, n_boot=0)))
+
+
+def test_noise_free_curves_give_the_point_and_edges_give_bounds():
+    lrs = [1e-3 * 2**k for k in range(5)]
+    exact = {s: [2.0 + s + 0.3 * math.log(lr / 3e-3) ** 2 for lr in lrs] for s in range(3)}
+    found = located.locate_curve(lrs, exact)  # seed offsets only: no noise left
+    assert found.df == 15 - 3 - 5 + 1 and found.bounded
+    assert found.log_ci == pytest.approx((found.log_star,) * 2, abs=1e-9)
+    rising = {s: [2.0 + s + 0.1 * k for k in range(5)] for s in range(3)}
+    edge = located.locate_curve(lrs, rising)
+    assert edge.edge == "low" and not edge.fitted and edge.log_ci[0] == -math.inf
+    assert edge.star == pytest.approx(lrs[0])
+
+
+def test_a_failed_run_is_never_the_best_nor_fitted_through():
+    lrs = [1e-3 * 2**k for k in range(5)]
+    losses = {s: [2.3, 2.1, 2.0, 2.05, 2.2] for s in range(3)}
+    losses[1] = [2.3, 2.1, 2.0, None, 2.2]  # diverged beside the best
+    found = located.locate_curve(lrs, losses, n_draws=200)
+    assert found.best == (lrs[2],) and not found.fitted and found.star == pytest.approx(lrs[2])
+    losses[1] = [2.3, 2.1, math.nan, 2.05, 2.2]  # diverged at the lowest mean
+    assert located.locate_curve(lrs, losses, n_draws=200).best == (lrs[3],)
+
+
+def test_the_slope_of_exact_optima_and_its_bounds():
+    d_ks = (8, 16, 32, 64)
+    optima = {}
+    for i, d in enumerate(d_ks):
+        log_star = math.log(0.5) - 0.4 * math.log(d)
+        cs = [math.exp(log_star + math.log(2) * (k - 3.3)) for k in range(7)]  # c* off-grid
+        grid = {(c, 1e-3): {s: 2.0 + s + 0.05 * (math.log(c) - log_star) ** 2
+                            + 1e-4 * ((i + s + k) % 3) for s in range(3)}
+                for k, c in enumerate(cs)}
+        optima[d] = located.locate(grid, seed=[0, d])
+    slope = located.fit_slope(optima)
+    assert slope.slope == pytest.approx(-0.4, abs=0.02)
+    assert slope.ci[0] <= slope.slope <= slope.ci[1] and slope.ci[1] - slope.ci[0] < 0.1
+    # A nan draw (beyond grids on both sides) widens both ends, each by one order statistic.
+    assert located.interval(np.array([0.1, 0.2, 0.3, 0.4, np.nan]), 0.6) == (0.1, 0.4)
+    assert located.interval(np.array([0.1, 0.2, 0.3, np.nan, np.nan]), 0.6) == (-np.inf, np.inf)
+
+
+@pytest.mark.parametrize(("xs", "losses", "says"), [
+    ([1e-3, 2e-3, 4e-3], {0: [2.1, 2.0, 2.1]}, "degrees of freedom"),
+    ([1e-3, 2e-3, 4e-3], {0: [2.1, 2.0], 1: [2.1, 2.0]}, "2 losses for 3"),
+    ([0.0, 2e-3, 4e-3], {0: [2.1, 2.0, 2.1], 1: [2.1, 2.0, 2.1]}, "positive"),
+    ([1e-3, 2e-3], {0: [None, None], 1: [2.0, 2.1]}, "no grid point"),
+])
+def test_bad_input_says_what_is_wrong(xs, losses, says):
+    with pytest.raises(ValueError, match=says):
+        located.locate_curve(xs, losses)
