@@ -26,7 +26,7 @@ from scale_ablation.training import experiment_files as experiment
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment spec; default: the one claims.md names.")
 _SPEC_LINE = re.compile(r"^# Claims tested by `([^`]+)`")
-_COMMAND = re.compile(r"--workdir=(\S+?)`")
+_COMMAND = re.compile(r"--workdir=([^`\s]+)")  # followed by ` or by flags (--refine ...)
 
 
 def published_spec(study_dir: str) -> tuple[str | None, str | None]:

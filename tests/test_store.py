@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import shutil
 import struct
 
 import pyarrow.parquet as pq
 import pytest
-from helpers import snapshot
+from helpers import REPO, snapshot
 
+from scale_ablation import rejudge
 from scale_ablation.records import jsonfiles, study_store
 from scale_ablation.records.run_files import STEP_LOSSES_FILE, RunFiles, StepLosses
 
@@ -142,3 +144,19 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(says.format(tmp=tmp_path))
     assert snapshot(tmp_path) == before
+
+
+def test_rejudge_names_the_refined_rounds_its_store_records(tmp_path, monkeypatch):
+    """A refined study's claims.md names `--refine --refine_rounds=N` from refined.json, which a
+    published study keeps in its store: rejudged anywhere, its command line stays the one
+    published (the study's workdir, the rounds)."""
+    published = REPO / "experiments" / "results" / "init_gain_cpu"
+    study = tmp_path / "init_gain_cpu"
+    shutil.copytree(published, study)
+    monkeypatch.chdir(REPO)  # the experiment file as claims.md names it
+    rejudge.rejudge(str(study))
+    command = [line for line in (study / "claims.md").read_text().splitlines()
+               if line.startswith("Command:")]
+    assert command and command == [line for line in (published / "claims.md").read_text()
+                                   .splitlines() if line.startswith("Command:")]
+    assert "--refine --refine_rounds=" in command[0]
