@@ -246,6 +246,11 @@ def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str]]:
         ("coord_check", [*coord_args, "--no_such_flag"], "no_such_flag"),
         ("coord_check", [*coord_args, "--config.train.nosuch=1"], "nosuch"),
         ("coord_check", [*coord_args, "extra"], "unexpected arguments: extra"),
+        ("coord_check", [f"--config={QUICK}", f"--out={tmp / 'a_file'}"], "a_file"),
+        ("main", [f"--config={QUICK}"], "--workdir"),
+        ("sweep", [*sweep_args, "--add_policies=nosuch_policy"], "nosuch_policy"),
+        ("report", [source, "--wandb_workspace=maybe"], "wandb_workspace"),
+        ("nonfinite", [str(tmp / "nosuch")], "nosuch"),
     ]
     for name, flag in imports.items():  # --imports contained, on every command that takes it
         cases += [("sweep", [*sweep_args, flag], name), ("main", [*run_args, flag], name),
