@@ -145,6 +145,8 @@ def stash(source: str, dest: str) -> int:
     """Replace DEST/runs.parquet by SOURCE's finished runs' records (one rename); return how
     many."""
     check_paths(source, dest)
+    # The staging folders (`.run_files-*`) a killed stash of an earlier version left there.
+    staging.remove_leftovers(os.path.join(dest, "run_files"), "staging")
     return store_run_record(source, dest)
 
 
