@@ -121,6 +121,17 @@ def test_the_store_is_columnar_with_its_schema_version(tmp_path):
     assert losses[0]["train/loss"][6] is None  # the non-finite step, as the file holds it
 
 
+def test_the_metrics_as_one_flat_table_a_row_per_logged_row(tmp_path):
+    sweep = written_sweep(tmp_path)
+    path, _ = study_store.convert(str(sweep), str(tmp_path / "study"))
+    frame = study_store.metrics_frame(path).to_pandas()
+    runs = study_store.load_runs(str(sweep))
+    assert len(frame) == sum(len(r["metrics"]) for r in runs) == 9
+    assert list(frame["run"]) == [r["name"] for r in runs for _ in r["metrics"]]
+    assert list(frame["step"]) == [row["step"] for r in runs for row in r["metrics"]]
+    assert list(frame["count"]) == [row["count"] for r in runs for row in r["metrics"]]
+
+
 def test_another_schema_version_is_refused_naming_it(tmp_path):
     sweep = written_sweep(tmp_path)
     table = study_store.to_table(study_store.read_run_dirs(str(sweep)))

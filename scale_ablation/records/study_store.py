@@ -4,6 +4,9 @@ r"""A study's runs as one Parquet file, `runs.parquet`: what a published study k
   python -m scale_ablation.records.study_store extract experiments/results/STUDY runs/STUDY
   python -m scale_ablation.records.study_store count experiments/pending/STUDY
 
+As data: `read_table(PATH)` (a row per run) and `metrics_frame(PATH)` (a row per logged row, a
+column per metric) are Arrow tables; `.to_pandas()` gives pandas.
+
 One row per run: its name, the overrides the sweep gave it, config.json and summary.json (as
 JSON text, exact to the last bit: floats are written as Python's round-trip repr), its logged
 metrics rows (a list of structs, one field per metric key, typed float64, int64, bool, string
@@ -267,6 +270,18 @@ def read_table(path: str) -> pa.Table:
     table = pq.read_table(path)
     _metadata(table.schema, path)
     return table
+
+
+def metrics_frame(path: str) -> pa.Table:
+    """Every run's metrics rows as one flat table, a row per logged row: `run` (its name), then
+    a column per metric key (null where the row did not log it; keys whose values mix types as
+    JSON text). `.to_pandas()` for pandas."""
+    table = read_table(path)
+    metrics = table.column("metrics").combine_chunks()
+    rows = pc.list_flatten(metrics)
+    runs = pc.take(table.column("name").combine_chunks(), pc.list_parent_indices(metrics))
+    keys = [key for key, _ in _metadata(table.schema, path)["metrics_keys"]]
+    return pa.table([runs, *(rows.field(i) for i in range(len(keys)))], names=["run", *keys])
 
 
 # --- what the report reads: a store if the folder has one, else its run directories
