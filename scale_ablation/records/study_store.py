@@ -4,16 +4,13 @@ r"""A study's runs as one Parquet file, `runs.parquet`: what a published study k
   python -m scale_ablation.records.study_store extract experiments/results/STUDY runs/STUDY
   python -m scale_ablation.records.study_store count experiments/pending/STUDY
 
-As data: `read_table(PATH)` (a row per run) and `metrics_frame(PATH)` (a row per logged row, a
-column per metric) are Arrow tables; `.to_pandas()` gives pandas.
-
-One row per run: its name, the overrides the sweep gave it, config.json and summary.json (as
-JSON text, exact to the last bit: floats are written as Python's round-trip repr), its logged
-metrics rows (a list of structs, one field per metric key, typed float64, int64, bool, string
-or, for a key whose values mix types, JSON text) and every step's training loss
-(train_losses.jsonl's lines). The file's metadata holds the schema version, each row's keys in
-their logged order (null and absent stay apart) and the sweep's own records (sweep.json,
-refined.json, byte for byte). zstd-compressed, page checksums on.
+One row per run (`read_table`; `metrics_frame`: a row per logged row; `.to_pandas()`): its name, the
+overrides the sweep gave it, config.json and summary.json (as JSON text, exact to the last bit:
+floats are written as Python's round-trip repr), its logged metrics rows (a list of structs, one
+field per metric key, typed float64, int64, bool, string or, for a key whose values mix types, JSON
+text) and every step's training loss (train_losses.jsonl's lines). The file's metadata holds the
+schema version, each row's keys in their logged order (null and absent stay apart) and the sweep's
+own records (sweep.json, refined.json, byte for byte). zstd-compressed, page checksums on.
 
 `load_runs(DIR)` is the one way runs are read for a report: from DIR/runs.parquet when DIR has
 one, else from DIR's run directories (`run_files.RunFiles`), the same list either way. `convert`
@@ -32,7 +29,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -76,9 +73,6 @@ class Study:
 
     runs: list[RunRecord]
     files: dict[str, str]
-
-
-# --- reading run directories
 
 
 def _grid_entries(sweep_dir: str) -> list[tuple[str, dict]]:
@@ -132,9 +126,6 @@ def read_run_dirs(sweep_dir: str, finished_only: bool = False) -> Study:
     return Study(runs, texts)
 
 
-# --- the store
-
-
 def _kind(values: Iterable[Any]) -> str:
     """The one column type all of a key's values (None aside) fit; "json" when they mix."""
     kinds = {"bool" if isinstance(v, bool) else
@@ -158,16 +149,9 @@ def _metrics_layout(runs: Sequence[RunRecord]) -> tuple[list[tuple[str, str]], l
     return keys, [tuple(index[k] for k in layout) for layout in layouts]
 
 
-def _encode(value: Any, kind: str) -> Any:
-    return json.dumps(value) if kind == "json" and value is not None else value
-
-
-def _decode(value: Any, kind: str) -> Any:
-    return json.loads(value) if kind == "json" and value is not None else value
-
-
-def _dump(value: Any) -> str | None:
-    return None if value is None else json.dumps(value)
+def _coded(value: Any, kind: str, code: Callable[[Any], Any]) -> Any:
+    """A value of a "json" column through `code` (json.dumps or json.loads); others as they are."""
+    return code(value) if kind == "json" and value is not None else value
 
 
 def to_table(study: Study) -> pa.Table:
@@ -183,8 +167,9 @@ def to_table(study: Study) -> pa.Table:
         "name": pa.array([r.name for r in study.runs], pa.string()),
         "overrides": pa.array([json.dumps(r.overrides) for r in study.runs], pa.string()),
         "config": pa.array([json.dumps(r.config) for r in study.runs], pa.string()),
-        "summary": pa.array([_dump(r.summary) for r in study.runs], pa.string()),
-        "metrics": pa.array([[{k: _encode(v, kinds[k]) for k, v in row.items()}
+        "summary": pa.array([_coded(r.summary, "json", json.dumps) for r in study.runs],
+                            pa.string()),
+        "metrics": pa.array([[{k: _coded(v, kinds[k], json.dumps) for k, v in row.items()}
                               for row in r.metrics] for r in study.runs], pa.list_(row_type)),
         "metrics_layout": pa.array([[layout_ids[tuple(row)] for row in r.metrics]
                                     for r in study.runs], pa.list_(pa.int32())),
@@ -234,7 +219,8 @@ def _rows(table: pa.Table, meta: dict[str, Any]) -> list[list[dict[str, Any]]]:
     layout_ids = pc.list_flatten(table.column("metrics_layout").combine_chunks()).to_pylist()
     out, at = [], 0
     for count in pc.list_value_length(metrics).to_pylist():
-        out.append([{key: _decode(fields[key][i], kind) for key, kind in layouts[layout_ids[i]]}
+        out.append([{key: _coded(fields[key][i], kind, json.loads)
+                     for key, kind in layouts[layout_ids[i]]}
                     for i in range(at, at + count)])
         at += count
     return out
@@ -329,16 +315,10 @@ def recorded_summaries(sweep_dir: str) -> dict[str, dict[str, Any] | None]:
             if os.path.exists(os.path.join(sweep_dir, name, "config.json"))}
 
 
-# --- converting and extracting
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal to the last bit, with key order, int against float and NaN told apart."""
-    return json.dumps(a) == json.dumps(b)
-
-
-def _as_json(study: Study) -> list:
-    return [dataclasses.asdict(run) for run in study.runs] + [study.files]
+def _as_json(study: Study) -> str:
+    """The study as JSON text: equal texts are equal to the last bit (floats as their repr),
+    with key order, int against float and NaN told apart."""
+    return json.dumps([dataclasses.asdict(run) for run in study.runs] + [study.files])
 
 
 def convert(source: str, dest_dir: str) -> tuple[str, int]:
@@ -353,7 +333,7 @@ def convert(source: str, dest_dir: str) -> tuple[str, int]:
     with tempfile.TemporaryDirectory(prefix=".store-", dir=dest_dir) as staging:
         staged = os.path.join(staging, STORE_FILE)
         write_store(study, staged)
-        if not same(_as_json(read_store(staged)), _as_json(study)):
+        if _as_json(read_store(staged)) != _as_json(study):
             raise ValueError(f"{staged} does not read back as {source} holds it; not installed")
         os.replace(staged, path := os.path.join(dest_dir, STORE_FILE))
     return path, len(study.runs)
