@@ -169,5 +169,49 @@ def test_the_results_index_links_every_study_with_its_runs_counted():
             assert row.split(" | ")[1] == str(study_store.run_count(store))
 
 
+POLICIES_DOC = README.parent / "docs" / "policies.md"
+
+# Run in a fresh interpreter: what a user sees, without the policies this test session registers
+# (the README's example above, the conformance suite's test policies). Every module of model/ is
+# imported, so a policy registered outside the registry's built-in list (μP's) counts too.
+REGISTERED_POLICIES = """
+import importlib, json, pkgutil
+import scale_ablation.model as model
+from scale_ablation.model import policies
+for module in pkgutil.iter_modules(model.__path__):
+    importlib.import_module(f"scale_ablation.model.{module.name}")
+fused = {}
+for name in policies.available():
+    try:
+        fused[name] = "yes" if policies.get(name).fused_unsupported() is None else "no"
+    except ValueError:  # its argument has no default (`const:c`): no bare instance to ask
+        fused[name] = None
+print(json.dumps(fused))
+"""
+
+
+def documented_policies(doc: str) -> dict[str, str]:
+    """{policy name: its "fused" cell} for every name in the first column of the doc's table,
+    composition rows (`A+B`) left out."""
+    rows = [line.strip().strip("|").split("|") for line in doc.splitlines()
+            if line.startswith("| `")]
+    return {name: cells[-1].strip() for cells in rows if "+" not in cells[0]
+            for name in re.findall(r"`([A-Za-z_]\w*)", cells[0])}
+
+
+def test_the_policy_table_lists_every_registered_policy_and_only_those():
+    result = subprocess.run([sys.executable, "-c", REGISTERED_POLICIES], cwd=README.parent,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    registered = json.loads(result.stdout)
+    documented = documented_policies(POLICIES_DOC.read_text())
+    assert sorted(set(registered) - set(documented)) == []  # missing from the table
+    assert sorted(set(documented) - set(registered)) == []  # a row for no policy
+    for name, fused in registered.items():
+        if fused is not None:
+            assert documented[name] == fused, name
+    assert "(docs/policies.md)" in README.read_text()
+
+
 def test_the_readme_is_a_reference_not_a_results_dump():
     assert README.read_text().count("\n") < 350
