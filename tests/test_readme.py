@@ -106,17 +106,32 @@ def test_the_readme_takes_a_new_policy_file_to_a_sweep_report(tmp_path):
     assert names[-len(added):] == added and len(names) == len(runs) + len(added)
     assert result.stdout.count(f"--imports={policy_file}") == len(names)
     assert not (tmp_path / "runs").exists()  # a plan writes nothing
+    # The counts the text gives: "all 72 runs train" in a fresh directory, "only your 8" after
+    # the quick sweep.
+    text = README.read_text().split(SWEEP_SECTION, 1)[1]
+    assert int(re.search(r"all (\d+) runs train", text).group(1)) == len(runs) + len(added)
+    assert int(re.search(r"only your (\d+) train", text).group(1)) == len(added)
 
-    # The sweep itself, on a grid of the same shape small enough for a test.
+    # The sweep itself, on a grid of the same shape small enough for a test: first the quick
+    # sweep alone ("where the quick sweep already ran"), then the README's command, which must
+    # leave the finished runs as they are and train only the added policy's.
     tiny = tmp_path / "tiny_dk_sweep.py"
     tiny.write_text(TINY_DK_SWEEP)
     spec = "--config=experiments/dk_sweep.py:quick"
     assert spec in sweep
-    result = run([f"--config={tiny}" if arg == spec else arg for arg in sweep])
+    sweep = [f"--config={tiny}" if arg == spec else arg for arg in sweep]
+    result = run([arg for arg in sweep if not arg.startswith(("--imports=", "--add_policies="))])
     assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = tmp_path / "runs" / "dk_sweep_quick"
+    finished = {path: (path.stat().st_mtime_ns, path.read_bytes())
+                for path in sweep_dir.glob("*/summary.json")}
+    assert len(finished) == 2
+    result = run(sweep)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in finished} == finished
+    assert len(list(sweep_dir.glob("*/summary.json"))) == 3
     result = run(report)
     assert result.returncode == 0, result.stderr
-    sweep_dir = tmp_path / "runs" / "dk_sweep_quick"
     with open(sweep_dir / "report" / "summary.csv") as f:
         rows = {row["policy"]: row for row in csv.DictReader(f)}
     assert list(rows) == ["inv_sqrt_dk", "none", "inv_dk_pow:0.75"]
