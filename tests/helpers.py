@@ -1,9 +1,14 @@
 """Small helpers shared by the tests: a tiny run config, and looking at run directories."""
 
 import hashlib
+import importlib
 import json
+import os
 import pathlib
 import textwrap
+from types import ModuleType
+
+import pytest
 
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import runtime
@@ -24,6 +29,26 @@ TINY_RUN = {
     **TINY_MODEL, "train.steps": 10, "train.log_every": 2, "train.eval_every": 5,
     "train.diag_every": 0, "checkpoint.every": 5, "wandb.mode": "disabled",
 }
+
+
+# The oracles: packages that only the tests use, as independent references to compare against,
+# and the extra that installs each (pyproject.toml).
+ORACLE_EXTRAS = {"torch": "reference", "mup": "mup", "wandb_workspaces": "workspace",
+                 "scipy": "test"}
+
+
+def require(module: str) -> ModuleType:
+    """Import the oracle `module` for a test that compares against it. Without it the test skips
+    on a contributor's machine and fails under CI (`CI=true`): a check against an independent
+    implementation that silently skips is the one that would have caught a wrong result."""
+    hint = f"pip install -e '.[{ORACLE_EXTRAS[module.split('.')[0]]}]'"
+    if os.environ.get("CI", "").lower() not in ("true", "1"):
+        return pytest.importorskip(module, reason=f"the oracle {module} is missing: {hint}")
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        pytest.fail(f"CI=true and the oracle {module} is missing ({error}): {hint}",
+                    pytrace=False)
 
 
 def tiny_config(**overrides):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import copy_into_reference
+from helpers import copy_into_reference, require
 
 from scale_ablation.model.lm import build_model
 from scale_ablation.training import experiment_files as experiment
@@ -104,7 +104,7 @@ def test_unknown_init_is_rejected():
 
 
 def test_gpt2_model_computes_the_reference_function():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     from benchmarks import reference_gpt2
 
     seq = 24

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import tiny_config
+from helpers import require, tiny_config
 
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import policies
@@ -34,8 +34,8 @@ def our_params(config) -> dict[str, np.ndarray]:
 
 def torch_model(d_model: int, head_dim: int, heads: int = 2, seq: int = 1024, vocab: int = 256):
     """Our LM's parameters under our names, in PyTorch, the readout mup's MuSharedReadout."""
-    torch = pytest.importorskip("torch", reason="the mup extra (pip install -e '.[mup]')")
-    mup = pytest.importorskip("mup", reason="the mup extra (pip install -e '.[mup]')")
+    torch = require("torch")
+    mup = require("mup")
     nn = torch.nn
     inner = heads * head_dim
 
@@ -85,8 +85,8 @@ def torch_name(name: str) -> str:
 def mup_torch():
     """The wide torch model with base shapes from the base one, μP-initialised by mup.init from
     the base model's SP stds, and MuAdamW's parameter groups."""
-    torch = pytest.importorskip("torch", reason="the mup extra (pip install -e '.[mup]')")
-    mup = pytest.importorskip("mup", reason="the mup extra (pip install -e '.[mup]')")
+    torch = require("torch")
+    mup = require("mup")
     torch.manual_seed(0)
     model = torch_model(WIDE["model.d_model"], WIDE["model.head_dim"])
     base = torch_model(BASE["model.d_model"], BASE["model.head_dim"])
@@ -152,7 +152,7 @@ def test_lr_multipliers_match_mu_adamw(mup_torch):
 
 
 def test_readout_matches_mu_shared_readout(mup_torch):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     model, ours, _ = mup_torch
     config = tiny_config(**{**WIDE, **MUP})
     graphdef, state = runs.init_state(config)

@@ -8,13 +8,13 @@ import json
 import time
 
 import pytest
-from helpers import tiny_config
+from helpers import require, tiny_config
 
 from scale_ablation import report
 from scale_ablation.records import wandb_workspace
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker
 
-pytest.importorskip("wandb_workspaces")
+require("wandb_workspaces")
 
 
 def panels(spec: dict) -> dict[str, list[dict]]:

@@ -7,11 +7,12 @@ import math
 
 import numpy as np
 import pytest
+from helpers import require
 
 from scale_ablation.analysis import significance as sig
 
-scipy_stats = pytest.importorskip("scipy.stats")
-scipy_special = pytest.importorskip("scipy.special")
+scipy_stats = require("scipy.stats")
+scipy_special = require("scipy.special")
 
 
 # --- special functions -------------------------------------------------------------------------

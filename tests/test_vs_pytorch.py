@@ -15,11 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import copy_into_reference, require
 
-torch = pytest.importorskip("torch", reason="the PyTorch side needs torch (pip install -e "
-                                             "'.[reference]')")
-
-from helpers import copy_into_reference  # noqa: E402
+torch = require("torch")  # the PyTorch side
 
 from benchmarks import reference_gpt2, vs_pytorch  # noqa: E402
 from benchmarks import run as bench  # noqa: E402
