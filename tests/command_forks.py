@@ -45,6 +45,7 @@ def run_one(module: str, args: list[str], cwd: str) -> dict:
                 for fd, path in ((1, out), (2, err)):
                     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT), fd)
                 sys.argv = [f"scale_ablation.{module}", *args]
+                sys.path[0] = cwd  # as `python -m` puts the working directory first
                 runpy.run_module(f"scale_ablation.{module}", run_name="__main__", alter_sys=True)
             except SystemExit as exit_:
                 code = exit_.code if isinstance(exit_.code, int) else (

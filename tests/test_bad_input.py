@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 from helpers import OWN_CACHE, QUICK, REPO, read_json, snapshot, tiny_config
 from test_train_faults import ABSL_LOG, ENV, main_args, one_error_line, run_module
 
@@ -35,20 +34,6 @@ WORKDIRS = {
 }
 
 
-@pytest.mark.parametrize("command", ["main", "sweep"])
-@pytest.mark.parametrize("case", list(WORKDIRS))
-def test_a_workdir_that_cannot_be_one_is_one_line_and_creates_nothing(tmp_path, case, command):
-    (tmp_path / "a_file").write_text("not a directory")
-    workdir = WORKDIRS[case](tmp_path)
-    before = snapshot(tmp_path)
-    args = main_args(workdir) if command == "main" else [f"--config={QUICK}",
-                                                         f"--workdir={workdir}", "--dry_run"]
-    line = one_error_line(run_module(command, *args, env=OWN_CACHE))
-    assert f"--workdir {workdir}" in line
-    assert snapshot(tmp_path) == before  # no .jax_cache beside it either
-    assert not workdir.exists()
-
-
 # ------------------------------------------------ experiment files
 
 
@@ -63,38 +48,8 @@ BAD_FILES = {
 }
 BAD_GRIDS = {"an int": ("3", "got int"), "a dict": ('{"train.seed": 1}', "got dict"),
              "a non-dict point": ("[1, 2]", "sweep(None)[0] must be a dict")}
-
-
-@pytest.mark.parametrize("command", ["main", "sweep"])
-@pytest.mark.parametrize("case", list(BAD_FILES))
-def test_a_broken_experiment_file_is_one_line(tmp_path, case, command):
-    source, expected = BAD_FILES[case]
-    experiment_file = tmp_path / "broken.py"
-    experiment_file.write_text(source)
-    before = snapshot(tmp_path)
-    line = one_error_line(run_module(command, f"--config={experiment_file}",
-                                     f"--workdir={tmp_path / 'run'}"))
-    assert all(text in line for text in expected), line
-    assert snapshot(tmp_path) == before
-
-
-@pytest.mark.parametrize("case", list(BAD_GRIDS))
-def test_a_sweep_of_the_wrong_shape_is_one_line(tmp_path, case):
-    grid, expected = BAD_GRIDS[case]
-    experiment_file = tmp_path / "grid.py"
-    experiment_file.write_text(textwrap.dedent(f'''
-        from experiments import base
-
-        def get_config(arg=None):
-            return base.get_config("quick")
-
-        def sweep(arg=None):
-            return {grid}
-    '''))
-    line = one_error_line(run_module("sweep", f"--config={experiment_file}",
-                                     f"--workdir={tmp_path / 'sweep'}"))
-    assert expected in line
-    assert not (tmp_path / "sweep").exists()
+# These and the work directories above are checked with every other bad invocation, in one
+# process: test_every_bad_invocation_is_one_line_exit_2_and_creates_nothing.
 
 
 def test_add_policies_without_imports_says_to_import_the_policy(tmp_path):
@@ -183,8 +138,8 @@ USER_FILES = {  # --imports files whose import ends abnormally
 }
 
 
-def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str]]:
-    """(command, arguments, a text the one error line must hold): every way of calling a
+def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str | tuple[str, ...]]]:
+    """(command, arguments, the text(s) the one error line must hold): every way of calling a
     command wrongly that the tests know of, the paths under `tmp` (see `study_fixtures`)."""
     sweep_args = [f"--config={HEADLINE}", f"--workdir={tmp / 'sweep'}"]
     run_args = [f"--config={QUICK}", f"--workdir={tmp / 'run'}"]
@@ -257,7 +212,21 @@ def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str]]:
                   ("report", [flag, source], name),
                   ("nonfinite", [flag, str(tmp / "diverged")], name)]
     cases.append(("sweep", [*sweep_args, f"--imports={tmp / 'missing.py'}"], "missing.py"))
+    for workdir in workdirs(tmp).values():
+        cases += [("main", main_args(workdir), f"--workdir {workdir}"),
+                  ("sweep", [f"--config={QUICK}", f"--workdir={workdir}", "--dry_run"],
+                   f"--workdir {workdir}")]
+    for index, (_, expected) in enumerate(BAD_FILES.values()):
+        cases += [(command, [f"--config={tmp / f'broken{index}.py'}",
+                             f"--workdir={tmp / 'run'}"], tuple(expected))
+                  for command in ("main", "sweep")]
+    cases += [("sweep", [f"--config={tmp / f'grid{index}.py'}", f"--workdir={tmp / 'sweep'}"],
+               expected) for index, (_, expected) in enumerate(BAD_GRIDS.values())]
     return cases
+
+
+def workdirs(tmp: pathlib.Path) -> dict[str, pathlib.Path]:
+    return {case: where(tmp) for case, where in WORKDIRS.items()}
 
 
 def study_fixtures(tmp: pathlib.Path) -> None:
@@ -281,6 +250,18 @@ def study_fixtures(tmp: pathlib.Path) -> None:
     (tmp / "a_file").write_text("not a directory")
     for name, source in USER_FILES.items():
         (tmp / name).write_text(source)
+    for index, (source, _) in enumerate(BAD_FILES.values()):
+        (tmp / f"broken{index}.py").write_text(source)
+    for index, (grid, _) in enumerate(BAD_GRIDS.values()):
+        (tmp / f"grid{index}.py").write_text(textwrap.dedent(f'''
+            from experiments import base
+
+            def get_config(arg=None):
+                return base.get_config("quick")
+
+            def sweep(arg=None):
+                return {grid}
+        '''))
 
 
 def test_every_bad_invocation_is_one_line_exit_2_and_creates_nothing(tmp_path):
@@ -294,11 +275,13 @@ def test_every_bad_invocation_is_one_line_exit_2_and_creates_nothing(tmp_path):
     for (command, args, expected), result in zip(cases, results, strict=True):
         lines = [line for line in result["stderr"].splitlines()
                  if line.strip() and not ABSL_LOG.match(line)]
-        if result["code"] != 2 or len(lines) != 1 or expected not in lines[0]:
+        expected = (expected,) if isinstance(expected, str) else expected
+        if result["code"] != 2 or len(lines) != 1 or not all(e in lines[0] for e in expected):
             wrong.append(f"{command} {' '.join(args)}: exit {result['code']}, "
                          f"{len(lines)} lines: {result['stderr'][-300:]!r}")
     assert not wrong, f"{len(wrong)} of {len(cases)} bad invocations:\n" + "\n".join(wrong)
-    assert snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before  # no .jax_cache beside a workdir either
+    assert not any(workdir.exists() for workdir in workdirs(tmp_path).values())
     print(f"{len(cases)} of {len(cases)} bad invocations: one line, exit 2, nothing created")
 
 
