@@ -22,8 +22,10 @@ and no README: the stash of a sweep still running, committed as each ensemble la
 sweep longer than a session outlives its machine (`launch/cpu_studies.sh`). Stashes go under
 experiments/pending/, not results/, where every store must regenerate the report beside it.
 
-SOURCE is only read. Everything is built in a staging folder beside DEST first; DEST's previous
-report files and runs.parquet are replaced only once the new report has been written.
+SOURCE is only read. The new DEST (the report, the store and DEST's own files such as its
+README) is built whole in a staging folder beside it and swapped in by one rename
+(`records.staging`): a publish killed at any point leaves the previous publish or the new one,
+and the staging folders a killed publish left (`.STUDY-publishing-*`) go at the next.
 """
 
 from __future__ import annotations

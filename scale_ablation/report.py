@@ -7,7 +7,9 @@ the reference policy, unstable runs, LR sensitivity), PNG plots (`report_plots`)
 experiment file declares `claims(arg)`, claims.md (`claims`). Every number comes from the runs'
 own metrics.jsonl and summary.json; spikes and collapse are found from the metrics when
 summary.json does not record them. The table is also logged as a wandb.Table to a summary run in
-the sweep's group.
+the sweep's group. The folder is built beside DIR/report/ and swapped in by one rename
+(`records.staging`): a report killed or refused half way (a damaged refined.json) leaves the
+previous one as it was.
 `--imports=my_policy.py` imports user modules first, as the sweep did (`scale_ablation.model.plugins`);
 without it, the report imports what the sweep recorded in sweep.json.
 """
