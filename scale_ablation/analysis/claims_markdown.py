@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from scale_ablation.analysis import verdicts
 from scale_ablation.analysis.claims import Claim
-from scale_ablation.records import study_store
+from scale_ablation.records import jsonfiles, study_store
 
 
 def _refine_flags(records_dir: str) -> str:
@@ -49,6 +49,5 @@ def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: lis
                   f"Rule: {claim.rule.describe()}.", "",
                   f"{head}: **{verdict.verdict}**: {verdict.reason}.", ""]
         lines += [f"- {n}" for n in verdict.numbers] + [""]
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    jsonfiles.write_text_atomic(path, "\n".join(lines))  # rejudge rewrites it in place
     return True
