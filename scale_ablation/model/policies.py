@@ -176,9 +176,11 @@ def scalar_of_dims(base_scale_dims: Callable[[Dims], float]) -> ScalePolicy:
 
 _REGISTRY: dict[str, PolicyFactory] = {}
 ENTRY_POINT_GROUP = "scale_ablation.policies"
-# Built-in policies outside this module, imported on the first lookup (they import this one).
+# Built-in policies outside this module, imported on the first lookup (they import this one):
+# every module that registers one, so that a lookup finds it whatever the caller imported first.
 BUILTIN_MODULES = ("scale_ablation.model.policy_library", "scale_ablation.model.stabilisers",
-                   "scale_ablation.model.scale_family", "scale_ablation.model.compose")
+                   "scale_ablation.model.scale_family", "scale_ablation.model.parametrization",
+                   "scale_ablation.model.compose")
 # `A+B` composes policies (`scale_ablation.model.compose`); a '+' inside a number (1e+3) does not.
 _COMPOSITION = re.compile(r"\+(?=[A-Za-z_])")
 _installed = {"loaded": False}  # entry points are imported once, on first lookup
