@@ -24,6 +24,7 @@ from ml_collections import config_flags
 from scale_ablation import command_line
 from scale_ablation.errors import ConfigError
 from scale_ablation.model.parametrization import PARAMETRIZATIONS
+from scale_ablation.records import jsonfiles
 from scale_ablation.training import coord, runtime
 from scale_ablation.training import experiment_files as experiment
 
@@ -78,7 +79,9 @@ def plot(data: coord.CoordData, quantity: str, path: str) -> None:
         ax.minorticks_off()
         ax.legend(fontsize=7)
     axes[0].set_ylabel("mean |x|")
-    FigureCanvasAgg(figure).print_png(path)
+    partial = f"{path}.tmp{os.getpid()}"  # a reader, or a kill, sees the old plot or the new
+    FigureCanvasAgg(figure).print_png(partial)
+    os.replace(partial, path)
 
 
 def run(config, widths: list[int], names: list[str]) -> dict:
@@ -88,16 +91,16 @@ def run(config, widths: list[int], names: list[str]) -> dict:
                       for w in widths} for name in names}  # ConfigError before any write
     data = coord.coord_data(configs, _STEPS.value, _SEEDS.value)
     os.makedirs(_OUT.value, exist_ok=True)
-    with open(os.path.join(_OUT.value, "coord_check.json"), "w") as f:
-        json.dump(data, f, indent=1)
+    jsonfiles.write_text_atomic(os.path.join(_OUT.value, "coord_check.json"),
+                                json.dumps(data, indent=1))
     for quantity in coord.QUANTITIES:
         plot(data, quantity, os.path.join(_OUT.value, f"{quantity}.png"))
     found = coord.verdicts(data)
     summary = {"tolerance": coord.SLOPE_TOLERANCE, "base_d_model": base, "widths": widths,
                "steps": _STEPS.value, "seeds": _SEEDS.value, "lr": config.train.lr,
                "policy": {n: configs[n][widths[0]].policy for n in names}, "slopes": found}
-    with open(os.path.join(_OUT.value, "verdicts.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    jsonfiles.write_text_atomic(os.path.join(_OUT.value, "verdicts.json"),
+                                json.dumps(summary, indent=1))
     return found
 
 
