@@ -145,6 +145,7 @@ def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str | tuple
     run_args = [f"--config={QUICK}", f"--workdir={tmp / 'run'}"]
     coord_args = [f"--config={QUICK}", f"--out={tmp / 'coord'}"]
     source, study, mqar = str(tmp / "source"), str(tmp / "headline"), str(tmp / "mqar")
+    published = str(REPO / "experiments" / "results" / "headline")  # only read
     imports = {name: f"--imports={tmp / name}" for name in USER_FILES}
     cases = [
         ("sweep", [*sweep_args, "--budget_hours=abc"], "budget_hours"),
@@ -206,6 +207,13 @@ def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str | tuple
         ("sweep", [*sweep_args, "--add_policies=nosuch_policy"], "nosuch_policy"),
         ("report", [source, "--wandb_workspace=maybe"], "wandb_workspace"),
         ("nonfinite", [str(tmp / "nosuch")], "nosuch"),
+        ("claims_table", ["--nosuch"], "usage"),
+        ("claims_table", ["extra"], "usage"),
+        ("wandb_study", [], "usage"),
+        ("wandb_study", [published, "extra"], "unexpected arguments: extra"),
+        ("wandb_study", ["--no_such_flag", published], "no_such_flag"),
+        ("wandb_study", [str(tmp / "nosuch"), f"--out={tmp / 'wandb'}"], "nosuch"),
+        ("wandb_study", [published, "--mode=bogus", f"--out={tmp / 'wandb'}"], "--mode"),
     ]
     for name, flag in imports.items():  # --imports contained, on every command that takes it
         cases += [("sweep", [*sweep_args, flag], name), ("main", [*run_args, flag], name),
