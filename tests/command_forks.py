@@ -30,7 +30,10 @@ def preload() -> None:
     for layer in LIBRARY_LAYERS:
         module = importlib.import_module(f"scale_ablation.{layer}")
         for info in pkgutil.walk_packages(getattr(module, "__path__", []), f"{module.__name__}."):
-            importlib.import_module(info.name)
+            try:
+                importlib.import_module(info.name)
+            except ImportError:  # an optional extra not installed: the child imports it or not
+                continue
     del scale_ablation
 
 
