@@ -184,3 +184,28 @@ def test_a_run_resumed_from_its_final_checkpoint_keeps_its_failure_kinds(tmp_pat
               "collapse_step", "final_val_bpb")
     assert {k: resumed[k] for k in fields} == {k: finished[k] for k in fields}
     assert isinstance(finished["failures"], list)
+
+
+# ------------------------------------------------ the swap where renameat2 is missing
+
+
+def test_the_two_rename_swap_restores_a_folder_a_kill_left_between_them(tmp_path, monkeypatch):
+    """Without an atomic exchange the old folder is renamed aside, then the new one in; a kill
+    between the two leaves no folder at the destination but the old one whole aside, which the
+    next staging puts back before it builds."""
+    from scale_ablation.records import staging
+
+    monkeypatch.setattr(staging, "_exchange", lambda new, dest: False)
+    dest = tmp_path / "report"
+    for text in ("first", "second"):
+        with staging.staged(dest) as folder:
+            (pathlib.Path(folder) / "summary.md").write_text(text)
+    assert (dest / "summary.md").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+    dest.rename(tmp_path / f".report-{staging.OLD}-{dead_pid()}")  # killed between the renames
+    seen = []
+    with staging.staged(dest) as folder:
+        seen.append((dest / "summary.md").read_text())  # put back before the build
+        (pathlib.Path(folder) / "summary.md").write_text("third")
+    assert seen == ["second"] and (dest / "summary.md").read_text() == "third"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
