@@ -24,7 +24,6 @@ from scale_ablation.records.summary_csv import read_summary_csv
 from scale_ablation.report import load_claims
 from scale_ablation.training import experiment_files as experiment
 
-_CONFIG = flags.DEFINE_string("config", None, "Experiment spec; default: the one claims.md names.")
 _SPEC_LINE = re.compile(r"^# Claims tested by `([^`]+)`")
 _COMMAND = re.compile(r"--workdir=([^`\s]+)")  # followed by ` or by flags (--refine ...)
 
@@ -77,7 +76,7 @@ def check_rows_match(rows: list[dict], spec: str, path: str) -> None:
                          "this experiment's (give the study's own --config)")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], spec: str | None = None) -> int:
     if len(argv) != 2:
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
@@ -85,7 +84,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {argv[1]} holds no summary.csv", file=sys.stderr)
         return 2
     try:
-        print(f"claims rewritten: {rejudge(argv[1], _CONFIG.value)}")
+        print(f"claims rewritten: {rejudge(argv[1], spec)}")
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -93,4 +92,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    command_line.start(main, positionals=1, usage=USAGE)
+    # Flags defined only when run: a process that imports several commands (the tests) would
+    # otherwise meet two definitions of --config.
+    flags.DEFINE_string("config", None, "Experiment spec; default: the one claims.md names.")
+    command_line.start(lambda argv: main(argv, flags.FLAGS.config), positionals=1, usage=USAGE)

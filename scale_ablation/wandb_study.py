@@ -58,17 +58,11 @@ def load(study_dir: str, out: str, mode: str = "auto") -> list[str]:
     return written
 
 
-_OUT = flags.DEFINE_string("out", None, "Where the W&B runs go (default runs/wandb/STUDY).")
-_MODE = flags.DEFINE_string("mode", "auto", "W&B mode: auto (online when logged in), offline "
-                            "or online.")
-
-
-def main(argv: list[str]) -> int:
+def main(argv: list[str], out: str | None = None, mode: str = "auto") -> int:
     study_dir = argv[1]
-    out = _OUT.value or os.path.join("runs", "wandb",
-                                     os.path.basename(os.path.normpath(study_dir)))
+    out = out or os.path.join("runs", "wandb", os.path.basename(os.path.normpath(study_dir)))
     try:
-        names = load(study_dir, out, _MODE.value)
+        names = load(study_dir, out, mode)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -77,4 +71,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    command_line.start(main, positionals=1, usage=USAGE)
+    # Flags defined only when run: a process that imports several commands (the tests) would
+    # otherwise meet two definitions of --out.
+    flags.DEFINE_string("out", None, "Where the W&B runs go (default runs/wandb/STUDY).")
+    flags.DEFINE_string("mode", "auto", "W&B mode: auto (online when logged in), offline or online.")
+    command_line.start(lambda argv: main(argv, flags.FLAGS.out, flags.FLAGS.mode),
+                       positionals=1, usage=USAGE)
