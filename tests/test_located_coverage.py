@@ -144,6 +144,20 @@ def test_c_star_and_the_slope_intervals_cover_their_truths(n_seeds):
     assert slope["median_width"] < 1.0, slope
 
 
+def test_an_optimum_beyond_the_grid_gets_an_open_end():
+    """A true best LR half a step to a step and a half below the grid: the interval must reach
+    below the grid (an edge is a bound), not stop at its first point."""
+    rng = np.random.default_rng(5)
+    covered = 0
+    for i in range(100):
+        offsets = LR_STEP * (np.arange(CURVE_LR_POINTS) + rng.uniform(0.5, 1.5))
+        losses = 2.0 + LR_CURVATURES[1] * offsets**2 + rng.normal(0, NOISE, (3, len(offsets)))
+        found = located.locate_curve(np.exp(TRUE_LOG_LR + offsets).tolist(),
+                                     dict(enumerate(losses.tolist())), seed=i, n_draws=TEST_DRAWS)
+        covered += found.log_ci[0] <= TRUE_LOG_LR <= found.log_ci[1]
+    assert covered >= 0.9 * 100
+
+
 def test_the_measurement_can_fail():
     """The same intervals at nominal 68% must fall below the floor: the harness measures."""
     assert measure_curves(3, confidence=0.68)["coverage"] < FLOOR

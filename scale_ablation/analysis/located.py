@@ -20,13 +20,16 @@ nuisance, chosen anew for every c. Rules, stated once:
 - **The interval.** The rule is re-run on draws of the point means from their posterior under
   a flat prior, mean + √(σ²·df/χ²_df)·z/√n per point (a parametric bootstrap of the means that
   redraws the noise level too): the best LR of every c and the best c are re-chosen in every
-  draw. A draw whose best is on the grid's edge is −inf or +inf. The interval is the 2.5 and
-  97.5 percentiles of the draws (order statistics); an infinite end is a bound (`bounded`).
+  draw. A draw whose best is on the grid's edge lies beyond it: below the first value (−inf
+  for the interval's low end, that value for its high end) or above the last. The interval is
+  the 2.5 and 97.5 percentiles of the draws (order statistics); an infinite end is a bound
+  (`bounded` False): the grid does not hold the optimum's interval.
 - **The slope** (`fit_slope`) is the least-squares slope of log c* on log d_k; its interval
   the percentiles of the slope refitted on every joint draw (independent draws per d_k: seed
-  each d_k's `locate` with its own (seed, d_k)). A draw beyond a grid's edge pulls the slope its
-  way (±inf), or both ways (nan: −inf below, +inf above). The interval is for the
-  least-squares slope over these d_k: a bend in log c* against log d_k is not noise here.
+  each d_k's `locate` with its own (seed, d_k)). A draw with a c* beyond its grid's edge gives
+  the slope with c* at that edge as a bound on its side (by the weight's sign) and infinity on
+  the other. The interval is for the least-squares slope over these d_k: a bend in log c*
+  against log d_k is not noise here.
 
 Measured coverage (`python tests/test_located_coverage.py`; tests/test_located_coverage.py
 checks the ≥ 90% floor in the fast tier): synthetic studies from a known parabola in ln c and
@@ -119,14 +122,14 @@ class Slope:
     draws: np.ndarray = dataclasses.field(repr=False, compare=False)
 
 
-def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The central `confidence` interval of `draws` by order statistics (no interpolation, so
-    infinite draws give infinite ends); nan counts as −inf below and +inf above."""
-    n = len(draws)
-    k = math.floor(n * (1 - confidence) / 2)
-    low = np.sort(np.where(np.isnan(draws), -np.inf, draws))[k]
-    high = np.sort(np.where(np.isnan(draws), np.inf, draws))[n - 1 - k]
-    return float(low), float(high)
+def interval(lower: np.ndarray, upper: np.ndarray,
+             confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The central `confidence` interval by order statistics (no interpolation, so infinite
+    draws give infinite ends): the low end from the draws' `lower` values, the high end from
+    their `upper` ones (a draw known only to lie beyond a bound is that bound on one side and
+    infinite on the other)."""
+    k = math.floor(len(lower) * (1 - confidence) / 2)
+    return float(np.sort(lower)[k]), float(np.sort(upper)[len(upper) - 1 - k])
 
 
 def _table(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]]
@@ -245,9 +248,14 @@ def locate(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]], *,
     draws, _ = _rule(values, _profile(coords, means + spread * noise)[1], window)
     at = int(np.argmin(observed[0]))
     edge = "low" if at == 0 else "high" if at == len(values) - 1 else None
+    # A draw below the grid lies below its first value: −inf for the low end, that value for
+    # the high end (and the mirror image above the grid).
+    lower = np.where(draws == np.inf, values[-1], draws)
+    upper = np.where(draws == -np.inf, values[0], draws)
     return Located(
         log_star=float(star[0]) if edge is None else float(values[at]),
-        log_ci=interval(draws, confidence), fitted=bool(fitted[0]) and edge is None, edge=edge,
+        log_ci=interval(lower, upper, confidence), fitted=bool(fitted[0]) and edge is None,
+        edge=edge,
         nuisance_edge=_nuisance_edge(coords, means, at, window),
         best=tuple(points[int(np.argmin(means))].tolist()),
         grid=tuple(sorted({float(v) for v in points[:, 0]})),
@@ -273,13 +281,17 @@ def fit_slope(optima: Mapping[float, Located], confidence: float = CONFIDENCE) -
     d_ks = sorted(optima)
     x = np.log(np.array(d_ks, dtype=float))
     weights = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
+    weights[np.abs(weights) < 1e-12] = 0.0
     stars = np.array([optima[d].log_star for d in d_ks])
     draws = np.stack([optima[d].draws for d in d_ks])
-    # A draw beyond its grid's edge pulls the slope its way (weight × ±inf); a zero weight
-    # ignores it, and pulls both ways give nan (both tails).
-    with np.errstate(invalid="ignore"):
-        slopes = np.where(np.abs(weights[:, None]) < 1e-12, 0.0, weights[:, None] * draws).sum(axis=0)
-    return Slope(float(weights @ stars), interval(slopes, confidence), tuple(d_ks), slopes)
+    edges = np.log([[optima[d].grid[0], optima[d].grid[-1]] for d in d_ks])
+    slopes = weights @ np.clip(draws, edges[:, :1], edges[:, 1:])  # c* beyond a grid: its edge
+    # ... where the true slope is then above (below) that, by the weight's sign.
+    sign = np.sign(weights)[:, None]
+    up = (((draws == np.inf) & (sign > 0)) | ((draws == -np.inf) & (sign < 0))).any(axis=0)
+    down = (((draws == -np.inf) & (sign > 0)) | ((draws == np.inf) & (sign < 0))).any(axis=0)
+    ci = interval(np.where(down, -np.inf, slopes), np.where(up, np.inf, slopes), confidence)
+    return Slope(float(weights @ stars), ci, tuple(d_ks), slopes)
 
 
 def c_grids(rows: list[dict], key: str) -> dict[int, dict[tuple[float, float], dict]]:
