@@ -64,6 +64,7 @@ def test_fused_attention_equals_the_masked_softmax():
     torch.testing.assert_close(fused, masked, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # four processes, 1-3 min on 2 cores; the function itself is compared above
 def test_tiny_side_by_side_run(tmp_path):
     out = tmp_path / "vs.json"
     # A compilation cache shared by the JAX processes: the second round loads its program
