@@ -39,7 +39,7 @@ from benchmarks import run as bench
 from benchmarks import throughput
 from scale_ablation.model import attention, policies
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training import ensemble, hooks, runs, train
+from scale_ablation.training import ensemble, hooks, run_setup, train
 from scale_ablation.training import experiment_files as experiment
 
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "gain_aware:2",
@@ -130,7 +130,7 @@ def host_seconds_per_step(config=None, reps: int = 50) -> dict[str, float]:
     config = experiment.apply_overrides(config or bench.benchmark_config(), {
         "checkpoint.every": 0, "wandb.mode": "disabled"})
     with tempfile.TemporaryDirectory() as workdir:
-        run = runs.prepare(config, workdir)
+        run = run_setup.prepare(config, workdir)
         axis = ensemble.MemberAxis([run], donate=False)
         state, sources = run.take_state(), [run.source]
         _, metrics = axis.step(state, axis.batch(sources, 0))  # compile

@@ -125,7 +125,7 @@ MUTATIONS = [
              "tests/test_steps.py", "-k", "chunk"),
     mutation("sweep_line_cuts_chunks", "train step",
              "the sweep's progress hook claims to read the state: every chunk is one step",
-             "scale_ablation/training/progress.py", "after_step_work=True, reads_state=False)",
+             "scale_ablation/sweeping/progress.py", "after_step_work=True, reads_state=False)",
              "after_step_work=True)", "tests/test_loop.py", "-k", "only_hooks"),
     mutation("lr_not_applied", "train step", "the state's peak learning rate is ignored", STEPS,
              'lambda u: u * state["lr"]', "lambda u: u",

@@ -22,7 +22,7 @@ import optax
 from flax import nnx
 
 from benchmarks import run as bench
-from scale_ablation.training import optim, run_config, runs, steps
+from scale_ablation.training import optim, run_config, run_setup, steps
 
 
 def _fwd_bwd(module: nnx.Module, call, *inputs):
@@ -41,7 +41,7 @@ def _fwd_bwd(module: nnx.Module, call, *inputs):
 def parts(config) -> dict[str, tuple]:
     """{part: (timed function, times per step, FLOPs per call)}."""
     m, batch, seq = config.model, config.train.batch_size, config.data.seq_len
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     model = nnx.merge(graphdef, state["params"], state["rest"])
     block = model.blocks[0]
     x = jax.random.normal(jax.random.key(0), (batch, seq, m.d_model), jnp.float32)

@@ -19,7 +19,7 @@ import tempfile
 from absl import app, flags
 
 from scale_ablation import sweep
-from scale_ablation.training import planner
+from scale_ablation.sweeping import planner
 
 
 def main(argv: list[str]) -> int:

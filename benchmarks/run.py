@@ -53,7 +53,7 @@ from absl import app, flags
 from scale_ablation.data import sources as data
 from scale_ablation.model import attention
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import optim, runs, steps, train
+from scale_ablation.training import optim, run_setup, steps, train
 
 _QUICK = flags.DEFINE_bool("quick", False, "Fewer repetitions and a 4-point sweep slice.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -110,7 +110,7 @@ def make_stepper(config, *, seed: int = 0):
     """A jitted train step, its initial state and a fixed batch (host data cost excluded)."""
     config = experiment.apply_overrides(config, {"train.seed": seed})
     tx = optim.make_optimizer(config)
-    graphdef, state = runs.init_state(config, tx)
+    graphdef, state = run_setup.init_state(config, tx)
     step = jax.jit(steps.make_train_step(graphdef, tx, 0.0), donate_argnums=0)
     source = data.make_source(config.data, seed=seed)
     raw = source.train_batch(0, config.train.batch_size, config.data.seq_len)
@@ -184,7 +184,7 @@ def ensemble_speedup(config, k: int, reps: int) -> dict:
     holder = {"ensemble": stack(states), "sequential": states}
     ensemble_batch, keys = stack(batches), jax.random.split(key, k)
     tx = optim.make_optimizer(config)
-    graphdef, _ = runs.init_state(config, tx)
+    graphdef, _ = run_setup.init_state(config, tx)
     step = steps.make_train_step(graphdef, tx, 0.0)
     vmapped = jax.jit(jax.vmap(step), donate_argnums=0)
     # One program that steps the members in turn: on a CPU, whose matmuls are compute-bound
@@ -237,7 +237,7 @@ def host_sync(config, reps: int, steps_per_rep: int = 8) -> dict:
     pipelined loop); the same non-donating program for both."""
     config = experiment.apply_overrides(config, {"train.seed": 0})
     tx = optim.make_optimizer(config)
-    graphdef, state = runs.init_state(config, tx)
+    graphdef, state = run_setup.init_state(config, tx)
     step = jax.jit(steps.make_train_step(graphdef, tx, 0.0))
     _, _, batch = make_stepper(config)
     key = jax.random.key(0)

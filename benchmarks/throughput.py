@@ -10,7 +10,7 @@ no corpus is needed: the step's cost does not depend on the bytes. `write_table`
                 "peak_bytes"}, ...]}
 
 `flops_per_token` is `provenance.flops_per_token` (training, causal attention halved), the
-count `scale_ablation.training.planner` multiplies by tokens; `tokens_per_s` counts every
+count `scale_ablation.sweeping.planner` multiplies by tokens; `tokens_per_s` counts every
 member's tokens; `mfu` is their product over `peak_flops` (the spec sheet's dense bf16 peak on
 an accelerator, a float32 matmul measured in this process on a CPU); `peak_bytes` is XLA's
 memory analysis of the compiled program on this device.
@@ -28,8 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scale_ablation.sweeping import planner
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import planner, provenance, run_config, runs, steps
+from scale_ablation.training import provenance, run_config, run_setup, steps
 from scale_ablation.training.optim import OptimizerSettings
 
 
@@ -42,8 +43,8 @@ def members_program(config, members: int):
     stepping together as the sweep's runner steps them, and the program's peak bytes."""
     states = []
     for seed in range(members):
-        graphdef, state = runs.init_state(experiment.apply_overrides(config,
-                                                                     {"train.seed": seed}))
+        graphdef, state = run_setup.init_state(experiment.apply_overrides(config,
+                                                                          {"train.seed": seed}))
         states.append(state)
     settings = OptimizerSettings.of(config)
     programs = steps.programs(graphdef, settings, float(config.train.z_loss))

@@ -129,7 +129,7 @@ run_study() {
   stash "$study"
   ((code == 0)) || die "$study: the sweep exited $code; its finished runs are stashed in $pending"
   "$python" -m scale_ablation.publish "$dir" "experiments/results/$study"
-  "$python" -m scale_ablation.analysis.bands  # the article's bands against every study's best runs
+  "$python" -m scale_ablation.analysis.monitoring_bands  # the bands vs every study's best runs
   if [[ ! -f experiments/results/$study/README.md ]]; then  # a study published the first time
     # Stop here: the next study's commit would carry bands computed with this one's rows.
     echo "cpu_studies.sh: $study is published but not committed: write its README and its" \

@@ -46,6 +46,7 @@ import yaml
 from absl import app, flags
 
 from scale_ablation.model import plugins, policies
+from scale_ablation.sweeping import sweep_runners
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import runtime
 
@@ -67,7 +68,7 @@ def sweep_definition(
     for point in grid:  # a typo in a key should fail here, not in every W&B run
         experiment.apply_overrides(base, point)
     head = " ".join([_MAIN, f"--config={shlex.quote(spec)}",
-                     *map(shlex.quote, plugins.flag_args(imports))])
+                     *map(shlex.quote, sweep_runners.imports_args(imports))])
     parameters = product_parameters(grid)
     if parameters is not None:
         run_dir = f'{shlex.quote(workdir)}/"${{WANDB_RUN_ID:?set by the wandb agent}}"'

@@ -9,7 +9,7 @@ seeds), DIR/<quantity>.png (value against width, one line per step, log-log; one
 parametrisation, as mup's `plot_coord_data`) and DIR/verdicts.json (per parametrisation and
 quantity the slope of log value against log width at the last step and its verdict, with the
 tolerance and each parametrisation's policy), and prints the verdicts. The rules:
-`scale_ablation.training.coord`. Bad input: one line, exit 2, nothing written.
+`scale_ablation.training.coordinates`. Bad input: one line, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from scale_ablation import command_line
 from scale_ablation.errors import ConfigError
 from scale_ablation.model.parametrization import PARAMETRIZATIONS
 from scale_ablation.records import jsonfiles
-from scale_ablation.training import coord, runtime
+from scale_ablation.training import coordinates, runtime
 from scale_ablation.training import experiment_files as experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
@@ -59,7 +59,7 @@ def parse_args() -> tuple[list[int], list[str]]:
     return sorted(set(widths)), names
 
 
-def plot(data: coord.CoordData, quantity: str, path: str) -> None:
+def plot(data: coordinates.CoordData, quantity: str, path: str) -> None:
     """Value against width, a line per step, log-log; a panel per parametrisation."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -86,17 +86,17 @@ def plot(data: coord.CoordData, quantity: str, path: str) -> None:
 
 def run(config, widths: list[int], names: list[str]) -> dict:
     base = config.model.get("base_d_model", 0) or min(widths)
-    configs = {name: {w: coord.width_config(config, w, name, base,
-                                            mup_attention=not _KEEP_POLICY.value)
+    configs = {name: {w: coordinates.width_config(config, w, name, base,
+                                                  mup_attention=not _KEEP_POLICY.value)
                       for w in widths} for name in names}  # ConfigError before any write
-    data = coord.coord_data(configs, _STEPS.value, _SEEDS.value)
+    data = coordinates.coord_data(configs, _STEPS.value, _SEEDS.value)
     os.makedirs(_OUT.value, exist_ok=True)
     jsonfiles.write_text_atomic(os.path.join(_OUT.value, "coord_check.json"),
                                 json.dumps(data, indent=1))
-    for quantity in coord.QUANTITIES:
+    for quantity in coordinates.QUANTITIES:
         plot(data, quantity, os.path.join(_OUT.value, f"{quantity}.png"))
-    found = coord.verdicts(data)
-    summary = {"tolerance": coord.SLOPE_TOLERANCE, "base_d_model": base, "widths": widths,
+    found = coordinates.verdicts(data)
+    summary = {"tolerance": coordinates.SLOPE_TOLERANCE, "base_d_model": base, "widths": widths,
                "steps": _STEPS.value, "seeds": _SEEDS.value, "lr": config.train.lr,
                "policy": {n: configs[n][widths[0]].policy for n in names}, "slopes": found}
     jsonfiles.write_text_atomic(os.path.join(_OUT.value, "verdicts.json"),

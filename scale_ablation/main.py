@@ -27,7 +27,7 @@ from scale_ablation.records import checkpoints
 from scale_ablation.records.checkpoints import CheckpointError
 from scale_ablation.records.run_files import FINISHED
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import hooks, runs, runtime
+from scale_ablation.training import hooks, run_setup, runtime
 from scale_ablation.training.train import train
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     try:
         # Before the compile cache (a directory beside the workdir) is set up. The one
         # validation of this command and its one read of config.json, handed down to `train`.
-        checked = runs.check_before_start(config, _WORKDIR.value, extend=_EXTEND.value)
+        checked = run_setup.check_before_start(config, _WORKDIR.value, extend=_EXTEND.value)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -106,10 +106,10 @@ def main(argv: list[str]) -> int:
     return _train(config, extra_hooks, checked)
 
 
-def _train(config, extra_hooks, checked: runs.Checked) -> int:
+def _train(config, extra_hooks, checked: run_setup.Checked) -> int:
     """The run, with each way it can end turned into one line and an exit code."""
     try:
-        before = runs.read_summary(_WORKDIR.value)
+        before = run_setup.read_summary(_WORKDIR.value)
         summary = train(config, _WORKDIR.value, extra_hooks=extra_hooks, extend=_EXTEND.value,
                         checked=checked)
     except OSError as error:

@@ -3,7 +3,7 @@
   python -m scale_ablation.nonfinite RUN_DIR     # one diverged run
   python -m scale_ablation.nonfinite SWEEP_DIR   # each diverged run of a sweep, by name
 
-The replay itself is `scale_ablation.training.nonfinite`; its docstring says how it works.
+The replay itself is `scale_ablation.training.nonfinite_replay`; its docstring says how it works.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from absl import flags, logging
 from scale_ablation import command_line
 from scale_ablation.model import plugins
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training.nonfinite import diagnose
+from scale_ablation.training.nonfinite_replay import diagnose
 
 
 def diverged_runs(sweep_dir: str) -> list[str]:

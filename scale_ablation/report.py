@@ -35,8 +35,8 @@ from scale_ablation.records import metrics_rows as rm
 from scale_ablation.records.run_files import FINISHED
 from scale_ablation.records.summary_csv import write_summary_csv
 from scale_ablation.records.wandb_tracker import WandbSettings, WandbTracker, resolve_wandb_mode
+from scale_ablation.sweeping import run_set
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import run_set
 
 
 def load_runs(sweep_dir: str) -> list[dict]:

@@ -16,12 +16,12 @@ written at the end. `--imports` imports user modules or files (their registered 
 and in every process the sweep starts; `--add_policies` adds policy specs to the experiment's grid
 at each setting of its other keys (`experiment.with_policies`). `--plan` prints what the runs
 still to run cost on `--device` and exits; `--budget_hours` refuses a sweep over it (exit 2),
-both writing nothing (`scale_ablation.training.planner`).
+both writing nothing (`scale_ablation.sweeping.planner`).
 
 `--refine` runs the sweep, then rounds that add learning rates at half the log spacing around
 each setting's best (one beyond it at a grid edge), one run per seed, until every setting's best
 is interior and bracketed at ×√2 or `--refine_rounds` rounds are recorded
-(`scale_ablation.training.refine_grid`); the report is written after the last round. Each
+(`scale_ablation.sweeping.refine_grid`); the report is written after the last round. Each
 round's points go into the sweep directory's refined.json before they run: rerunning the
 command continues where it stopped, and every later invocation of the sweep has them too.
 
@@ -49,11 +49,10 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED
-from scale_ablation.training import hooks, plan_text, refine_grid, run_set, runs, runtime
-from scale_ablation.training.compile_log import CompileLog
-from scale_ablation.training.progress import Progress
-from scale_ablation.training.refine_grid import REFINED_FILE
-from scale_ablation.training.sweep_grid import (  # noqa: F401 - the sweep's API
+from scale_ablation.sweeping import plan_text, refine_grid, run_set
+from scale_ablation.sweeping.progress import Progress
+from scale_ablation.sweeping.refine_grid import REFINED_FILE
+from scale_ablation.sweeping.sweep_grid import (  # noqa: F401 - the sweep's API
     Point,
     RecordedOutcomes,
     SweepFile,
@@ -65,7 +64,7 @@ from scale_ablation.training.sweep_grid import (  # noqa: F401 - the sweep's API
     run_status,
     write_sweep_file,
 )
-from scale_ablation.training.sweep_runners import (  # noqa: F401 - the sweep's API
+from scale_ablation.sweeping.sweep_runners import (  # noqa: F401 - the sweep's API
     RunFlags,
     _hand_over,
     _log_failure,
@@ -80,6 +79,8 @@ from scale_ablation.training.sweep_runners import (  # noqa: F401 - the sweep's 
     run_in_processes,
     visible_gpus,
 )
+from scale_ablation.training import hooks, run_setup, runtime
+from scale_ablation.training.compile_log import CompileLog
 
 _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant].")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
@@ -147,7 +148,7 @@ def main(argv: list[str]) -> int:
     imports = tuple(_IMPORTS.value)
     try:
         plugins.load(imports)
-        runs.check_workdir(sweep_dir)
+        run_setup.check_workdir(sweep_dir)
         check_added_policies(tuple(_ADD_POLICIES.value), imports)
         points = expand(_CONFIG.value, sweep_dir, tuple(_ADD_POLICIES.value))
         points += refine_grid.recorded_points(sweep_dir, points)

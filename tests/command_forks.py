@@ -19,7 +19,7 @@ import runpy
 import sys
 import tempfile
 
-LIBRARY_LAYERS = ("errors", "data", "model", "records", "analysis", "training")
+LIBRARY_LAYERS = ("errors", "data", "model", "records", "analysis", "training", "sweeping")
 
 
 def preload() -> None:

@@ -21,8 +21,8 @@ from helpers import OWN_CACHE, QUICK, REPO, read_json, snapshot, tiny_config
 from test_train_faults import ABSL_LOG, ENV, main_args, one_error_line, run_module
 
 from scale_ablation import sweep
+from scale_ablation.sweeping.progress import Progress
 from scale_ablation.training import hooks
-from scale_ablation.training.progress import Progress
 
 # ------------------------------------------------ work directories that cannot hold a run
 

@@ -1,5 +1,5 @@
 """The Band and Arms claim rules judged from synthetic run rows (the report's row format), with
-the expected numbers computed here independently (numpy/scipy, not scale_ablation.analysis.stats)."""
+the expected numbers computed here independently (numpy/scipy, not `analysis.intervals`)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from scale_ablation.data import sources as data_lib
 from scale_ablation.records import wandb_offline
 from scale_ablation.records.checkpoints import Checkpoints
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training import ensemble, hooks, optim, runs, steps, train
+from scale_ablation.training import ensemble, hooks, optim, run_setup, steps, train
 from scale_ablation.training import experiment_files as experiment
 
 RTOL = 1e-5  # float32 round-off: a vmapped matmul may sum in another order than a solo one
@@ -58,7 +58,7 @@ def rows_of(workdir) -> list[dict]:
 
 
 def final_state(workdir, config, step=None):
-    _, like = runs.init_state(config)
+    _, like = run_setup.init_state(config)
     checkpoints = Checkpoints(workdir)
     try:
         return checkpoints.restore(step or checkpoints.latest_step(), like)
@@ -163,7 +163,7 @@ def test_a_diverging_member_diverges_as_alone_and_leaves_the_others_alone(traine
 
 def test_the_ensemble_step_compiles_once(trained):
     config = trained["configs"]["none"]
-    graphdef, _ = runs.init_state(config)
+    graphdef, _ = run_setup.init_state(config)
     step = steps.programs(graphdef, optim.OptimizerSettings.of(config),
                           float(config.train.z_loss)).train_program(4, donate=False)
     # 16 steps of 4 members, one of them frozen after diverging: one program (the pipelined
@@ -305,9 +305,9 @@ def test_vmapped_and_mapped_members_agree():
     the numbers of its solo step (the CPU tests above cover lax.map end to end)."""
     configs = [config_of(member) for member in list(MEMBERS.values())[:3]]
     tx = optim.make_optimizer(configs[0])
-    graphdef = runs.init_state(configs[0], tx)[0]
+    graphdef = run_setup.init_state(configs[0], tx)[0]
     step = steps.make_train_step(graphdef, tx, 0.0)
-    states = [runs.init_state(config, tx)[1] for config in configs]
+    states = [run_setup.init_state(config, tx)[1] for config in configs]
     batches = []
     for config in configs:
         raw = data_lib.make_source(config.data, seed=config.train.seed).train_batch(0, 4, 32)

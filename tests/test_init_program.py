@@ -1,4 +1,4 @@
-"""`runs.init_state` (one jitted program per model shape) against the model built eagerly, op
+"""`run_setup.init_state` (one jitted program per model shape) against the model built eagerly, op
 by op, the way a run was initialised before: the same state, bit for bit, and one program for
 every scalar policy, seed and learning rate at a shape."""
 
@@ -12,7 +12,7 @@ from flax import nnx
 from helpers import tiny_config
 
 from scale_ablation.model.lm import build_model
-from scale_ablation.training import run_config, runs
+from scale_ablation.training import run_config, run_setup
 from scale_ablation.training.optim import make_optimizer
 
 
@@ -44,7 +44,7 @@ def assert_bitwise_equal(got, want) -> None:
 ])
 def test_jitted_init_is_the_eager_init(overrides):
     config = tiny_config(**overrides)
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     want_graphdef, want = eager_state(config)
     assert graphdef == want_graphdef
     assert_bitwise_equal(state, want)
@@ -52,12 +52,12 @@ def test_jitted_init_is_the_eager_init(overrides):
 
 def test_one_program_for_every_scalar_policy_seed_and_lr():
     shape = {"model.d_model": 48, "model.num_layers": 2}  # a shape no other test here uses
-    before = runs.init_compilations()
+    before = run_setup.init_compilations()
     for policy, seed, lr in [("none", 0, 1e-3), ("inv_dk", 1, 3e-3), ("const:0.1", 2, 1e-2),
                              ("inv_sqrt_dk", 3, 0.1)]:
         config = tiny_config(policy=policy, **{"train.seed": seed, "train.lr": lr}, **shape)
-        _, state = runs.init_state(config)
+        _, state = run_setup.init_state(config)
         assert_bitwise_equal(state, eager_state(config)[1])
-    assert runs.init_compilations() - before == 1
-    runs.init_state(tiny_config(policy="learned", **shape))  # parameters of its own: another
-    assert runs.init_compilations() - before == 2
+    assert run_setup.init_compilations() - before == 1
+    run_setup.init_state(tiny_config(policy="learned", **shape))  # parameters of its own: another
+    assert run_setup.init_compilations() - before == 2

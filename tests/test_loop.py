@@ -20,8 +20,8 @@ from helpers import tiny_config
 
 from scale_ablation.records.checkpoints import Checkpoints
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training import hooks, loop, optim, preemption, runs, steps, train
-from scale_ablation.training import progress as console
+from scale_ablation.sweeping import progress as console
+from scale_ablation.training import hooks, loop, optim, preemption, run_setup, steps, train
 
 # Dropout on, so that each step's key must be the same in both loops; no warmup or clipping,
 # so that the diverging lr diverges within the run (tests/test_ensemble.py: step 4).
@@ -47,7 +47,7 @@ def rows_of(workdir) -> list[dict]:
 
 
 def state_at(workdir, config, step: int) -> list[np.ndarray]:
-    _, like = runs.init_state(config)
+    _, like = run_setup.init_state(config)
     checkpoints = Checkpoints(workdir)
     try:
         return [np.asarray(leaf) for leaf in jax.tree.leaves(checkpoints.restore(step, like))]
@@ -62,8 +62,8 @@ def assert_same_run(got_dir, want_dir, config) -> None:
     for field in TIMINGS:
         got.pop(field), want.pop(field)
     assert got == want
-    saved = sorted(runs.checkpoint_steps(want_dir))
-    assert sorted(runs.checkpoint_steps(got_dir)) == saved
+    saved = sorted(run_setup.checkpoint_steps(want_dir))
+    assert sorted(run_setup.checkpoint_steps(got_dir)) == saved
     for step in saved:
         for a, b in zip(state_at(got_dir, config, step), state_at(want_dir, config, step),
                         strict=True):
@@ -135,7 +135,7 @@ def train_chunked_and_not(root, names: list[str], layout: dict | None = None,
 
 def chunk_programs_compiled(name: str) -> int:
     config = config_of(name)
-    graphdef, _ = runs.init_state(config)
+    graphdef, _ = run_setup.init_state(config)
     programs = steps.programs(graphdef, optim.OptimizerSettings.of(config),
                               float(config.train.z_loss))
     return sum(program._cache_size() for program in programs.chunks.values())

@@ -23,7 +23,7 @@ from test_steps import assert_bitwise_equal, batch_of
 from scale_ablation.records.checkpoints import Checkpoints
 from scale_ablation.records.run_files import RunFiles
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import hooks, loss_scaling, runs, steps, train
+from scale_ablation.training import hooks, loss_scaling, run_setup, steps, train
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
 TINY = {**TINY_MODEL, "train.steps": 20, "train.log_every": 1, "train.eval_every": 10,
@@ -38,7 +38,7 @@ def config_of(**overrides):
 
 def step_of(config, z_loss: float = 0.0):
     """The jitted train step a run of `config` trains with (its optimiser and scaling)."""
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     settings = OptimizerSettings.of(config)
     step = jax.jit(steps.make_train_step(graphdef, make_optimizer(settings), z_loss,
                                          settings.loss_scaling))
@@ -162,7 +162,7 @@ def test_a_non_finite_loss_is_a_divergence_whatever_the_scale():
 def test_each_ensemble_member_has_its_own_scale(backend):
     """One member overflows (skipped, halved), its neighbour steps as it would alone."""
     config = config_of(**FLOAT16, **{"train.loss_scale_period": 4})
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     settings = OptimizerSettings.of(config)
     solo = steps.make_train_step(graphdef, make_optimizer(settings), 0.0, settings.loss_scaling)
     members = jax.jit(steps.over_members(solo, backend))
@@ -194,7 +194,7 @@ def scale_history(workdir) -> list[float]:
 
 
 def final_state(workdir, config):
-    _, like = runs.init_state(config)
+    _, like = run_setup.init_state(config)
     checkpoints = Checkpoints(workdir)
     try:
         return checkpoints.restore(checkpoints.latest_step(), like)

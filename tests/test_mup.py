@@ -14,7 +14,7 @@ from helpers import require, tiny_config
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import policies
 from scale_ablation.model.lm import build_model
-from scale_ablation.training import optim, run_config, runs, steps
+from scale_ablation.training import optim, run_config, run_setup, steps
 
 BASE = {"model.d_model": 32, "model.head_dim": 16}
 WIDE = {"model.d_model": 128, "model.head_dim": 64}  # width multiplier 4, heads fixed at 2
@@ -23,7 +23,7 @@ MUP = {"model.parametrization": "mup", "model.base_d_model": 32, "model.base_hea
 
 def our_params(config) -> dict[str, np.ndarray]:
     """Torch-style name -> array of the model's parameters at init."""
-    _, state = runs.init_state(config)
+    _, state = run_setup.init_state(config)
     out = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(state["params"]):
         name = jax.tree_util.keystr(path).removesuffix(".value")
@@ -123,7 +123,7 @@ def measured_multipliers(config) -> dict[str, tuple[float, float]]:
     its update over the SP optimiser's on the same gradient (then on zero gradients, where
     the update is the decay alone)."""
     multipliers = optim.OptimizerSettings.of(config).param_lr_multipliers
-    _, state = runs.init_state(config)
+    _, state = run_setup.init_state(config)
     params = state["params"]
     grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(1), p.shape), params)
     ratios = []
@@ -155,7 +155,7 @@ def test_readout_matches_mu_shared_readout(mup_torch):
     torch = require("torch")
     model, ours, _ = mup_torch
     config = tiny_config(**{**WIDE, **MUP})
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     from flax import nnx
     lm = nnx.merge(graphdef, state["params"], state["rest"])
     x = np.random.default_rng(0).normal(size=(2, 3, WIDE["model.d_model"])).astype(np.float32)
@@ -171,7 +171,7 @@ def test_mup_at_its_base_width_is_sp_bit_for_bit():
     final = []
     for extra in ({}, MUP):
         config = tiny_config(**{**BASE, **extra, "policy": "mup_inv_dk:16"})
-        graphdef, state = runs.init_state(config)
+        graphdef, state = run_setup.init_state(config)
         step = jax.jit(steps.make_train_step(graphdef, optim.make_optimizer(config), 0.0))
         batch = {"inputs": jnp.arange(64).reshape(2, 32) % 256,
                  "targets": (jnp.arange(64).reshape(2, 32) + 1) % 256,

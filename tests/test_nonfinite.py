@@ -1,4 +1,5 @@
-"""`scale_ablation.training.nonfinite` and its command: the first non-finite value of a program, and a diverged run's replay.
+"""`scale_ablation.training.nonfinite_replay` and its command: the first non-finite value of a
+program, and a diverged run's replay.
 
 The walker is checked on functions whose first overflow is known by construction (the line that
 makes it is found in this file's text, not by the walker); the replay against the run's own
@@ -20,7 +21,7 @@ import pytest
 from helpers import REPO, read_json, tiny_config
 
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training import nonfinite, train
+from scale_ablation.training import nonfinite_replay, train
 
 THIS_FILE = pathlib.Path(__file__)
 
@@ -47,14 +48,14 @@ def inf_then_nan(x):
 
 
 def test_the_first_inf_and_the_first_nan_are_told_apart():
-    origins = nonfinite.nonfinite_origins(inf_then_nan, jnp.asarray([1.0, 100.0]))
+    origins = nonfinite_replay.nonfinite_origins(inf_then_nan, jnp.asarray([1.0, 100.0]))
     assert origins.inf.primitive == "exp"
     assert f"test_nonfinite.py:{line_of('overflows to inf')} " in origins.inf.where
     assert origins.nan.primitive == "sub"
     assert f"test_nonfinite.py:{line_of('inf - inf')} " in origins.nan.where
     # Without the last term the inf is absorbed: no NaN anywhere.
-    absorbed = nonfinite.nonfinite_origins(lambda x: jnp.sum(jnp.exp(-jnp.exp(x))),
-                                           jnp.asarray([1.0, 100.0]))
+    absorbed = nonfinite_replay.nonfinite_origins(lambda x: jnp.sum(jnp.exp(-jnp.exp(x))),
+                                                  jnp.asarray([1.0, 100.0]))
     assert absorbed.inf is not None and absorbed.nan is None
 
 
@@ -70,16 +71,17 @@ def test_a_deliberate_inf_is_not_taken_for_the_overflow():
     inf before anything overflows; the first inf reported is the product past 65504, where
     the old walk named the conversion, with no finite input."""
     x = jnp.full((2, 2), 10.0, jnp.float16)
-    origins = nonfinite.nonfinite_origins(masked_overflow, x)
+    origins = nonfinite_replay.nonfinite_origins(masked_overflow, x)
     assert origins.inf.primitive == "mul"
     assert f"test_nonfinite.py:{line_of('overflows float16')} " in origins.inf.where
     assert origins.inf.inputs_max_abs == (10.0, 1e4)  # both finite: an overflow
-    assert "none finite" in nonfinite.Finding("convert_element_type", "x", (math.nan,)).describe()
+    finding = nonfinite_replay.Finding("convert_element_type", "x", (math.nan,))
+    assert "none finite" in finding.describe()
 
 
 def test_a_forward_overflow_is_found_at_its_line():
     x = jnp.asarray([1.0, 60.0], jnp.float32)  # exp(120) > float32's 3.4e38
-    finding = nonfinite.first_nonfinite(overflowing_exp, x)
+    finding = nonfinite_replay.first_nonfinite(overflowing_exp, x)
     assert finding is not None and finding.primitive == "exp"
     assert f"test_nonfinite.py:{line_of('exp overflows')} (overflowing_exp)" in finding.where
     assert finding.inputs_max_abs == (120.0,)
@@ -88,21 +90,21 @@ def test_a_forward_overflow_is_found_at_its_line():
 def test_a_gradient_only_overflow_is_found_at_the_line_it_differentiates():
     x = jnp.asarray([0.0, 4.0], jnp.float32)
     assert math.isfinite(float(sqrt_at_zero(x)))  # the forward pass is finite
-    assert nonfinite.first_nonfinite(sqrt_at_zero, x) is None
-    finding = nonfinite.first_nonfinite(jax.grad(sqrt_at_zero), x)
+    assert nonfinite_replay.first_nonfinite(sqrt_at_zero, x) is None
+    finding = nonfinite_replay.first_nonfinite(jax.grad(sqrt_at_zero), x)
     assert finding is not None
     assert f"test_nonfinite.py:{line_of('sqrt' + chr(39) + 's derivative')}" in finding.where
 
 
 def test_the_walk_goes_inside_jitted_calls():
     inner = jax.jit(overflowing_exp)
-    finding = nonfinite.first_nonfinite(lambda x: inner(x) + 1.0, jnp.asarray([60.0]))
+    finding = nonfinite_replay.first_nonfinite(lambda x: inner(x) + 1.0, jnp.asarray([60.0]))
     assert finding is not None and finding.primitive == "exp"
 
 
 def test_a_finite_program_has_no_finding():
     x = jnp.asarray([1.0, 4.0], jnp.float32)
-    assert nonfinite.first_nonfinite(jax.grad(sqrt_at_zero), x) is None
+    assert nonfinite_replay.first_nonfinite(jax.grad(sqrt_at_zero), x) is None
 
 
 def run_nonfinite(*args) -> subprocess.CompletedProcess:
@@ -123,7 +125,7 @@ def diverged(tmp_path_factory):
 
 def test_the_replay_meets_the_divergence_the_run_recorded(diverged):
     at = read_json(diverged / "summary.json")["diverged_at_step"]
-    replay = nonfinite.load_replay(str(diverged))
+    replay = nonfinite_replay.load_replay(str(diverged))
     assert replay.step == at
     (_, loss), grads = jax.jit(replay.loss_and_grad)(replay.params)
     logged = RunFiles(diverged).read_metrics()[-1]
@@ -133,7 +135,7 @@ def test_the_replay_meets_the_divergence_the_run_recorded(diverged):
         assert not math.isfinite(float(loss))
     else:
         assert float(loss) == pytest.approx(logged["train/loss"], rel=1e-5)
-        assert nonfinite.nonfinite_gradients(grads)
+        assert nonfinite_replay.nonfinite_gradients(grads)
 
     result = run_nonfinite(diverged)
     assert result.returncode == 0, result.stderr
@@ -143,7 +145,7 @@ def test_the_replay_meets_the_divergence_the_run_recorded(diverged):
     found = [line for line in lines if line.startswith(("first inf, ", "first NaN, "))]
     assert found and found == lines[2:]
     # Replayed alone, the loss overflowed where it did: the forward pass, or the gradient.
-    forward = nonfinite.first_nonfinite(replay.loss, replay.params)
+    forward = nonfinite_replay.first_nonfinite(replay.loss, replay.params)
     assert all(("in the forward pass" in line) == (forward is not None) for line in found)
 
 

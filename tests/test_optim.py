@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_model import tiny_config
 
-from scale_ablation.training import optim, runs
+from scale_ablation.training import optim, run_setup
 from scale_ablation.training.optim import OptimizerSettings
 
 # Parameters whose names say they are weight matrices: the only ones weight decay may shrink.
@@ -38,7 +38,7 @@ def model_params():
     """A tiny model's parameters with every kind of leaf: kernels, biases, norm gains, a learned
     per-head scale."""
     config = tiny_config(**{"policy": "learned_per_head", "model.num_layers": 1})
-    _, state = runs.init_state(config)
+    _, state = run_setup.init_state(config)
     return state["params"]
 
 
@@ -145,7 +145,7 @@ def one_step_change(config, multiplier: float) -> dict[str, np.ndarray]:
                             "train.warmup_steps": 0})
     settings = OptimizerSettings.of(config)
     assert settings.scale_lr_multiplier == multiplier
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     before = named_leaves(state["params"])
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 256, (config.train.batch_size, config.data.seq_len + 1))

@@ -24,6 +24,7 @@ from helpers import OWN_CACHE, TINY_MODEL, experiment_source, read_json, snapsho
 
 from experiments import dk_sweep
 from scale_ablation.model import plugins, policies
+from scale_ablation.sweeping import sweep_runners
 from scale_ablation.training import experiment_files as experiment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -135,9 +136,9 @@ def test_load_imports_files_and_modules(tmp_path, monkeypatch):
     assert policies.get("pl_by_file").base_scale(16) == 0.5 / 4
     # Loading again (another entry point of the same process) imports nothing twice.
     assert plugins.load([str(by_file), "plugin_pkg.mod"]) == modules
-    assert plugins.flag_args([str(by_file), "plugin_pkg.mod"]) == [
+    assert sweep_runners.imports_args([str(by_file), "plugin_pkg.mod"]) == [
         f"--imports={by_file},plugin_pkg.mod"]
-    assert plugins.flag_args([]) == []
+    assert sweep_runners.imports_args([]) == []
 
 
 BAD_IMPORTS = {

@@ -15,7 +15,7 @@ from test_train_faults import main_args, one_error_line, run_module
 
 from experiments import base
 from scale_ablation.errors import ConfigError
-from scale_ablation.training import runs, schema
+from scale_ablation.training import run_setup, schema
 from scale_ablation.training.run_config import validate
 
 TRAINING_EXPERIMENTS = sorted(
@@ -170,7 +170,7 @@ def test_an_invalid_value_is_one_line_naming_the_field_and_creates_nothing(name,
     value = data.draw(invalid_values(field, tiny_config().to_dict()), label=name)
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError) as raised:
-        runs.check_before_start(with_value(name, value), workdir)
+        run_setup.check_before_start(with_value(name, value), workdir)
     message = str(raised.value)
     assert "\n" not in message and message.startswith(f"{name} "), message
     assert not workdir.exists()

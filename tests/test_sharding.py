@@ -95,13 +95,13 @@ def test_fsdp_run_resumes_from_its_checkpoint(tmp_path):
 INSPECT = """
 import json, sys
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import runs
+from scale_ablation.training import run_setup
 import jax
 config = experiment.apply_overrides(experiment.load_config("experiments/base.py:quick"),
                                     json.loads(sys.argv[2]))
-run = runs.prepare(config, sys.argv[1])
-batch = runs.to_device_batch(run.source.train_batch(0, config.train.batch_size,
-                                                    config.data.seq_len), run.batch_sharding)
+run = run_setup.prepare(config, sys.argv[1])
+batch = run_setup.to_device_batch(run.source.train_batch(0, config.train.batch_size,
+                                                         config.data.seq_len), run.batch_sharding)
 def describe(tree):
     return {jax.tree_util.keystr(path): {"shape": list(x.shape),
                                          "shards": [list(s.data.shape) for s in x.addressable_shards],

@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 from test_model import tiny_config
 
-from scale_ablation.training import runs, steps
+from scale_ablation.training import run_setup, steps
 from scale_ablation.training.evaluation import Evaluator
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
@@ -29,7 +29,7 @@ def numpy_nll(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.n
 @pytest.fixture(scope="module")
 def fresh():
     config = tiny_config(**CONFIG)
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     forward = jax.jit(lambda s, x: nnx.merge(graphdef, s["params"], s["rest"])(x)[0])
     return config, graphdef, state, forward
 
@@ -50,7 +50,7 @@ def test_cross_entropy_and_z_loss_by_hand():
 
 def test_val_bpb_is_the_hand_counted_loss_in_bits(fresh, tmp_path):
     config, _, _, forward = fresh
-    run = runs.prepare(config, tmp_path / "run")
+    run = run_setup.prepare(config, tmp_path / "run")
     row = Evaluator(run).evaluate(run.state)
     nll_sum = weight_sum = correct = 0.0
     for batch in run.source.val_batches(config.train.batch_size, config.data.seq_len,
@@ -99,7 +99,7 @@ def test_loss_beyond_the_training_length_by_hand(tmp_path):
     config = tiny_config(**CONFIG, **{"model.positions": "rotary"})
     n = config.data.seq_len
     config.train.eval_seq_lens = (n, 3 * n)  # n itself: no positions beyond, no _beyond key
-    run = runs.prepare(config, tmp_path / "run")
+    run = run_setup.prepare(config, tmp_path / "run")
     eval_program = steps.programs(run.graphdef, run.optimizer, 0.0).eval
     compiled_before = eval_program._cache_size()  # the cache is shared by the whole process
     row = Evaluator(run).evaluate(run.state)
@@ -130,7 +130,7 @@ def test_the_longer_lengths_on_the_test_split_by_hand(tmp_path):
     config = tiny_config(**CONFIG, **{"model.positions": "rotary", "data.test_bytes": test_bytes})
     n, batch_size = config.data.seq_len, config.train.batch_size
     config.train.eval_seq_lens = (3 * n,)
-    run = runs.prepare(config, tmp_path / "run")
+    run = run_setup.prepare(config, tmp_path / "run")
     row = Evaluator(run).evaluate_test(run.state)
     validation = [(batch_size, length, config.data.val_batches) for length in (n, 3 * n)]
     test = run.source.test_batches(batch_size, 3 * n, math.ceil(test_bytes / (3 * n)),
@@ -223,7 +223,7 @@ def test_the_seeded_step_draws_the_host_key_of_its_step_and_returns_every_metric
     counter: a second step (counter 1) must give, bit for bit, the state and metrics of the
     plain step given the host's key of step 1 (with dropout on, so the key matters)."""
     config = tiny_config(**CONFIG, **{"model.attention_dropout": 0.5})
-    graphdef, state = runs.init_state(config)
+    graphdef, state = run_setup.init_state(config)
     plain = steps.make_train_step(graphdef, make_optimizer(config), 0.0)
     state, _ = jax.jit(plain)(state, batch_of(config, 0), steps.dropout_key(7, 0))
     want_state, want_metrics = jax.jit(plain)(state, batch_of(config, 1), steps.dropout_key(7, 1))

@@ -16,7 +16,8 @@ import pytest
 from helpers import TINY_RUN, experiment_source
 
 from scale_ablation import sweep
-from scale_ablation.training import ensemble, plan_text, planner, sweep_runners
+from scale_ablation.sweeping import plan_text, planner, sweep_runners
+from scale_ablation.training import ensemble
 
 SEEDS = 6
 GRID = [{"train.seed": seed} for seed in range(SEEDS)]  # one ensemble group of six

@@ -18,7 +18,7 @@ from helpers import tiny_config
 from scale_ablation.data import sources as data
 from scale_ablation.errors import ConfigError
 from scale_ablation.records.run_files import RunFiles
-from scale_ablation.training import hooks, run_config, runs, train
+from scale_ablation.training import hooks, run_config, run_setup, train
 from scale_ablation.training.evaluation import Evaluator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -168,7 +168,7 @@ def run_dir_rows(workdir) -> list[dict]:
     return RunFiles(workdir).read_metrics()
 
 
-def forward_loss(run: runs.PreparedRun, batches: list[data.Batch]) -> float:
+def forward_loss(run: run_setup.PreparedRun, batches: list[data.Batch]) -> float:
     """Weighted mean next-byte NLL of the run's state, by a direct forward pass."""
     model = nnx.merge(run.graphdef, run.state["params"], run.state["rest"])
     total = weight = 0.0
@@ -198,7 +198,7 @@ def test_a_run_reports_the_test_split_once_in_its_last_row_and_summary(tmp_path)
     windows = math.ceil(config.data.test_bytes / config.data.seq_len)
     assert summary["test_targets"] == windows * config.data.seq_len
     assert summary["test_loss"] != summary["final_val_loss"]  # other bytes
-    run = runs.prepare(config, tmp_path / "run")  # the final checkpoint, restored
+    run = run_setup.prepare(config, tmp_path / "run")  # the final checkpoint, restored
     try:
         batches = run.source.test_batches(4, 32, windows, avoid=[(4, 32, 1)])
         assert summary["test_loss"] == pytest.approx(forward_loss(run, batches), rel=1e-5)
@@ -208,7 +208,7 @@ def test_a_run_reports_the_test_split_once_in_its_last_row_and_summary(tmp_path)
 
 def test_the_test_split_runs_in_the_validation_program(tmp_path):
     config = tiny_config()
-    run = runs.prepare(config, tmp_path / "run")
+    run = run_setup.prepare(config, tmp_path / "run")
     try:
         evaluator = Evaluator(run)
         evaluator.evaluate(run.state)

@@ -27,7 +27,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.records import wandb_offline
 from scale_ablation.records.checkpoints import Checkpoints
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import hooks, runs, train
+from scale_ablation.training import hooks, run_setup, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "experiments" / "base.py") + ":quick"
@@ -272,7 +272,7 @@ def checkpoint_steps(workdir) -> list[int]:
 
 
 def final_state(workdir, config):
-    _, like = runs.init_state(config)
+    _, like = run_setup.init_state(config)
     checkpoints = Checkpoints(workdir)
     try:
         return checkpoints.restore(config.train.steps, like)
@@ -394,7 +394,7 @@ def test_forced_divergence_is_a_result(tmp_path):
 
     # The last good state is kept as a checkpoint (what `scale_ablation.nonfinite` replays):
     # the state of step at - 1, whose parameter norm that step logged.
-    _, like = runs.init_state(quick_config(DIVERGE))
+    _, like = run_setup.init_state(quick_config(DIVERGE))
     checkpoints = Checkpoints(workdir)
     kept = checkpoints.restore(at - 1, like)
     checkpoints.close()

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from scale_ablation.analysis import stats
+from scale_ablation.analysis import intervals
 
 DEFAULT_REFERENCE = "inv_sqrt_dk"
 # The table's own axes: every other override makes a separate variant, so that runs differing
@@ -63,9 +63,9 @@ def finished_value(row: dict, key: str) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def estimate(rows: list[dict], key: str) -> stats.Estimate | None:
+def estimate(rows: list[dict], key: str) -> intervals.Estimate | None:
     values = [v for r in rows if (v := finished_value(r, key)) is not None]
-    return stats.mean_ci(values) if values else None
+    return intervals.mean_ci(values) if values else None
 
 
 def curves(rows: list[dict]) -> dict[tuple[str, int], dict[float, list[dict]]]:
@@ -86,7 +86,7 @@ class BestLR:
     policy: str
     d_k: int
     lr: float | None  # None: no learning rate had every run complete
-    estimate: stats.Estimate | None
+    estimate: intervals.Estimate | None
     grid: tuple[float, ...]
     runs: tuple[dict, ...]  # the runs at the best learning rate
     chosen_on: str  # the row key the learning rate is best in
@@ -126,10 +126,10 @@ class Paired:
     policy: str
     d_k: int
     lr: float | None  # None: each at its own best learning rate
-    difference: stats.Estimate  # policy − reference over matched pairs
+    difference: intervals.Estimate  # policy − reference over matched pairs
     decision: str
     differences: tuple[float, ...] = ()  # the matched pairs' policy − reference, for tests
-    standing: frozenset[str] = frozenset(("better", "worse", stats.UNRESOLVED))  # see below
+    standing: frozenset[str] = frozenset(("better", "worse", intervals.UNRESOLVED))  # see below
 
 
 def paired_same_lr(rows: list[dict], reference: str, key: str,
@@ -192,7 +192,7 @@ def paired_best_lr(best: list[BestLR], reference: str, key: str,
     out = []
     for p in _paired(groups, higher_is_better):
         stands = frozenset(standing[(p.variant, p.d_k)])
-        decision = p.decision if p.decision in stands | {stats.TOO_FEW} else AT_EDGE
+        decision = p.decision if p.decision in stands | {intervals.TOO_FEW} else AT_EDGE
         out.append(dataclasses.replace(p, decision=decision, standing=stands))
     return out
 
@@ -201,8 +201,8 @@ def _standing(compared: BestLR, reference: BestLR, same_metric: bool) -> set[str
     """The decisions that stand with these best LRs (see `paired_best_lr`)."""
     if not same_metric:
         at_edge = compared.at_edge or reference.at_edge
-        return set() if at_edge else {"better", "worse", stats.UNRESOLVED}
-    standing = {"better"} if compared.at_edge else {"better", "worse", stats.UNRESOLVED}
+        return set() if at_edge else {"better", "worse", intervals.UNRESOLVED}
+    standing = {"better"} if compared.at_edge else {"better", "worse", intervals.UNRESOLVED}
     return standing & {"worse"} if reference.at_edge else standing
 
 
@@ -212,8 +212,8 @@ def _paired(groups: dict, higher_is_better: bool) -> list[Paired]:
         pairs = [(v, r) for v, r in pairs if v is not None and r is not None]
         if not pairs:
             continue
-        diff = stats.paired([v for v, _ in pairs], [r for _, r in pairs])
-        decision = stats.decide(diff, higher_is_better=higher_is_better)
+        diff = intervals.paired([v for v, _ in pairs], [r for _, r in pairs])
+        decision = intervals.decide(diff, higher_is_better=higher_is_better)
         out.append(Paired(name, policy, d_k, lr, diff, decision,
                           differences=tuple(v - r for v, r in pairs)))
     return out

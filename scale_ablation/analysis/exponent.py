@@ -36,7 +36,7 @@ from collections import defaultdict
 import numpy as np
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import optimum, stats
+from scale_ablation.analysis import intervals, optimum
 from scale_ablation.analysis.claims import Verdict
 from scale_ablation.model import scale_family
 
@@ -132,7 +132,7 @@ def t_interval(value: float, se: float | None, df: int,
                confidence: float = CONFIDENCE) -> tuple[float, float] | None:
     if se is None or df < 1:
         return None
-    half = stats.t_quantile(df, confidence) * se
+    half = intervals.t_quantile(df, confidence) * se
     return value - half, value + half
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from scale_ablation.analysis import exponent, stats
+from scale_ablation.analysis import exponent, intervals
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.analysis.plot_groups import Grid
 from scale_ablation.model import scale_family
@@ -42,7 +42,7 @@ def _draw_curve(ax, curve: exponent.CCurve, colour: str) -> None:
     means, halves = [], []
     for i in range(len(curve.cs)):
         values = [v[i] for v in curve.losses_by_seed.values() if v[i] is not None]
-        estimate = stats.mean_ci(values) if values else None
+        estimate = intervals.mean_ci(values) if values else None
         means.append(np.nan if estimate is None else estimate.mean)
         halves.append(0.0 if estimate is None or estimate.n < 2 else estimate.half_width)
     ax.errorbar(curve.cs, means, yerr=halves, color=colour, marker="o", markersize=3,

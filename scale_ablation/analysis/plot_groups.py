@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import stats
+from scale_ablation.analysis import intervals
 from scale_ablation.records import metrics_rows as rm
 
 MAX_SERIES = 8
@@ -189,7 +189,7 @@ def summarise(values: list[float], geometric: bool = False) -> tuple[float, floa
     if geometric:
         centre, low, high = summarise([math.log(v) for v in values])
         return math.exp(centre), math.exp(low), math.exp(high)
-    found = stats.mean_ci(values)
+    found = intervals.mean_ci(values)
     half = found.half_width or 0.0
     return found.mean, found.mean - half, found.mean + half
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import failures, optimum, stats
+from scale_ablation.analysis import failures, intervals, optimum
 
 BASELINE_KEYS = {
     "lm": (("baseline_unigram_bpb", "unigram"), ("baseline_bigram_bpb", "bigram")),
@@ -236,7 +236,7 @@ def sensitivity_tables(rows: list[dict], reference: str) -> list[str]:
     if by_seed:
         lines += ["", "Per seed (each seed's own curve over the grid): mean ± 95% CI (n seeds).", "",
                   "| policy | d_k | LR sensitivity (nats) |", "|---|---|---|"]
-        lines += [f"| {name} | {d_k} | {stats.mean_ci(list(seeds.values())).format(4)} |"
+        lines += [f"| {name} | {d_k} | {intervals.mean_ci(list(seeds.values())).format(4)} |"
                   for (name, d_k), seeds in by_seed.items()]
     paired = cmp.paired_sensitivity(rows, reference)
     if paired:

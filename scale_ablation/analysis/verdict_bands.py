@@ -34,9 +34,9 @@ def judge_band(rule: Band, rows: list[dict]) -> Verdict:
                 if (v := cmp.finished_value(r, rule.metric)) is not None and v > 0]
         if not logs:
             continue
-        found = cmp.stats.mean_ci(logs)
+        found = cmp.intervals.mean_ci(logs)
         if found.half_width is None:
-            place = cmp.stats.TOO_FEW
+            place = cmp.intervals.TOO_FEW
         elif at_edge:
             place = cmp.AT_EDGE
         elif -log_factor <= found.low and found.high <= log_factor:
@@ -59,5 +59,5 @@ def judge_band(rule: Band, rows: list[dict]) -> Verdict:
         return Verdict("contradicted", f"outside {band}: {named(('outside',))}", tuple(numbers))
     if any(p != "inside" for p in places.values()):
         return Verdict("inconclusive", f"not resolved by the data: "
-                       f"{named((ACROSS_BAND, cmp.stats.TOO_FEW, cmp.AT_EDGE))}", tuple(numbers))
+                       f"{named((ACROSS_BAND, cmp.intervals.TOO_FEW, cmp.AT_EDGE))}", tuple(numbers))
     return Verdict("supported", f"all {len(places)} inside {band}", tuple(numbers))

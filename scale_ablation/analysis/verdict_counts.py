@@ -9,7 +9,7 @@ import math
 from collections import defaultdict
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import significance, stats
+from scale_ablation.analysis import intervals, significance
 from scale_ablation.analysis.claims import OPPOSITE, OPPOSITE_COUNT, Counts, Diverges, Verdict
 
 ALPHA = significance.ALPHA
@@ -48,7 +48,7 @@ class FisherCounts:
     def decision(self, i: int) -> str:
         *_, (k, n), (k_ref, n_ref) = self.entries[i]
         if self.fisher[i].adjusted >= ALPHA:
-            return stats.UNRESOLVED
+            return intervals.UNRESOLVED
         return self.HIGHER if k / n > k_ref / n_ref else self.LOWER
 
 

@@ -51,7 +51,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import failures, significance, stats
+from scale_ablation.analysis import failures, intervals, significance
 from scale_ablation.analysis.claims import (
     OPPOSITE,
     Arms,
@@ -158,16 +158,16 @@ class _Comparison:
 
     def decision(self, i: int) -> str:
         pair = self.pairs[i]
-        if pair.decision == stats.TOO_FEW or len(pair.differences) < 2:
-            return stats.TOO_FEW
+        if pair.decision == intervals.TOO_FEW or len(pair.differences) < 2:
+            return intervals.TOO_FEW
         if self.differ[i].adjusted < ALPHA:
             decided = _direction(pair, self.higher)
         elif self.same[i].adjusted < ALPHA:
             decided = EQUIVALENT
         else:
-            decided = stats.UNRESOLVED
+            decided = intervals.UNRESOLVED
         stands = decided in pair.standing or (decided == EQUIVALENT
-                                              and stats.UNRESOLVED in pair.standing)
+                                              and intervals.UNRESOLVED in pair.standing)
         return decided if stands else cmp.AT_EDGE
 
     def verdict(self, caveats: list[str]) -> Verdict:
@@ -252,9 +252,9 @@ def _paired_own_lr(rows: list[dict], reference: str, key: str,
         if not shared:
             continue
         values, ref = [seeds[s] for s in shared], [refs[d_k][s] for s in shared]
-        diff = stats.paired(values, ref)
+        diff = intervals.paired(values, ref)
         out.append(cmp.Paired(name, policy, d_k, None, diff,
-                              stats.decide(diff, higher_is_better=higher),
+                              intervals.decide(diff, higher_is_better=higher),
                               differences=tuple(v - r for v, r in zip(values, ref, strict=True))))
     return out
 

@@ -3,7 +3,7 @@
 Under `model.parametrization=mup` the token embedding's std and the readout's multiplier follow
 μP's width rules (`scale_ablation.model.parametrization`); under `sp` neither is touched.
 `LanguageModel.coordinates` gives the mean |activation| of each family a coordinate check
-follows (`scale_ablation.training.coord`).
+follows (`scale_ablation.training.coordinates`).
 
 The residual stream's dtype (`ModelConfig.stream_dtype`) is the compute dtype unless
 `model.residual_dtype = "float32"`: then, as mixed precision is usually practised (PyTorch's

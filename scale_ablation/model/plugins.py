@@ -4,7 +4,8 @@ Each entry is a module name (`my_package.policies`, imported from sys.path) or a
 (`my_policy.py`, `path/to/policies.py`): importing it runs its `policies.register` calls. Every
 entry point (`scale_ablation.main`, `.sweep`, `.report`, `launch/wandb_sweep.py`) defines the flag
 with `imports_flag()` and calls `load(...)` first thing in its main function, before any config
-or grid is read; `flag_args(...)` passes the same list on to the processes a sweep starts.
+or grid is read; `sweeping.sweep_runners.imports_args(...)` passes the same list on to the
+processes a sweep starts.
 
 Installed packages need no flag: see `policies.ENTRY_POINT_GROUP`.
 """
@@ -31,11 +32,6 @@ def imports_flag() -> flags.FlagHolder:
     if "imports" not in flags.FLAGS:
         return flags.DEFINE_list("imports", [], HELP)
     return flags.FlagHolder(flags.FLAGS, flags.FLAGS["imports"])
-
-
-def flag_args(imports: Sequence[str]) -> list[str]:
-    """The command-line arguments that make another process import the same modules."""
-    return [f"--imports={','.join(imports)}"] if imports else []
 
 
 def recorded(imports: Sequence[str]) -> list[str]:

@@ -11,6 +11,8 @@ Add a policy in one function:
         return policies.scalar(lambda head_dim: 0.5 / head_dim**0.5)
 
 A name can be registered once (a second `register` of it raises ValueError naming both modules).
+Which module registers which built-in name: `scale_ablation/model/__init__.py` lists them all
+(`registered_by(name)` says it for any name, a plugin's included).
 Policies outside this package reach the command line with `--imports=my_policy.py`
 (`scale_ablation.model.plugins`), or, from an installed package, with no flag through the entry-point
 group `scale_ablation.model.policies` (`ENTRY_POINT_GROUP`):
@@ -241,6 +243,12 @@ def available() -> list[str]:
     """The registered policy names, installed packages' included."""
     _load_installed()
     return sorted(_REGISTRY)
+
+
+def registered_by(name: str) -> str:
+    """The module whose `register` call added the policy `name` (KeyError: none did)."""
+    _load_installed()
+    return getattr(_REGISTRY[name], "__module__", "?")
 
 
 def get(spec: str) -> ScalePolicy:

@@ -15,7 +15,7 @@ _TRACE = "/jax/core/compile/jaxpr_trace_duration"
 _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"
 _BACKEND = "/jax/core/compile/backend_compile_duration"  # XLA compile or a cache load
 _CACHE_HIT = "/jax/compilation_cache/cache_hits"  # fired inside the backend event it answers
-AHEAD_THREAD = "compile-ahead"  # the thread `scale_ablation.training.ahead` compiles in
+AHEAD_THREAD = "compile-ahead"  # the thread `scale_ablation.sweeping.ahead` compiles in
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Compilation:
     name: str  # the jitted function's name (train_step, eval_step, init, ...)
     seconds: float
     from_cache: bool  # loaded from the persistent compilation cache, not compiled
-    thread: str  # the compiling thread's name ("compile-ahead": `scale_ablation.training.ahead`)
+    thread: str  # the compiling thread's name ("compile-ahead": `scale_ablation.sweeping.ahead`)
 
 
 class CompileLog:

@@ -33,9 +33,9 @@ from jax.sharding import PartitionSpec as P
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
-from scale_ablation.training import runs, steps
+from scale_ablation.training import run_setup, steps
 from scale_ablation.training.run_config import validate
-from scale_ablation.training.runs import PreparedRun
+from scale_ablation.training.run_setup import PreparedRun
 from scale_ablation.training.steps import TrainState
 
 # What members may differ in; everything else (shapes, data, schedule, logging) they share.
@@ -52,15 +52,15 @@ def shared_config(config: ml_collections.ConfigDict) -> str:
 
 
 def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
-                 checked: runs.Checked | None = None, extend: bool = False) -> Hashable | None:
+                 checked: run_setup.Checked | None = None, extend: bool = False) -> Hashable | None:
     """What runs of one ensemble share: the graphdef, the config but MEMBER_FIELDS, and the step
     they start from (0, or an interrupted run's latest checkpoint). None for a run that trains
-    alone: a finished one, or one that `runs.prepare` will refuse (and say why). `checked`:
+    alone: a finished one, or one that `run_setup.prepare` will refuse (and say why). `checked`:
     what the caller established (the config's ModelConfig; its config.json if read); `extend`:
     as the run will be trained (a finished run extended trains on, with the others)."""
     try:
-        if runs.finished_summary(config, workdir, extend=extend,
-                                 stored=checked.stored if checked else None) is not None:
+        if run_setup.finished_summary(config, workdir, extend=extend,
+                                      stored=checked.stored if checked else None) is not None:
             return None
         model = validate(config) if checked is None else checked.model
         checkpoints = Checkpoints(workdir)
@@ -70,13 +70,13 @@ def ensemble_key(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
             checkpoints.close()
     except (ValueError, CheckpointError, OSError):  # the run's own prepare() reports it
         return None
-    # The graphdef `runs.init_state` builds, traced abstractly: no parameter is allocated.
-    return runs.model_graphdef(model), shared_config(config), start_step
+    # The graphdef `run_setup.init_state` builds, traced abstractly: no parameter is allocated.
+    return run_setup.model_graphdef(model), shared_config(config), start_step
 
 
 def group(configs: Sequence[ml_collections.ConfigDict],
           workdirs: Sequence[str | os.PathLike],
-          checked: Sequence[runs.Checked | None] | None = None, extend: bool = False,
+          checked: Sequence[run_setup.Checked | None] | None = None, extend: bool = False,
           ) -> list[list[int]]:
     """Indices of the runs to train together, groups in the order of their first run.
     `checked`: per run, what the caller established; `extend`: as they will train
@@ -187,8 +187,8 @@ class MemberAxis:
         sharding = self.batch_sharding
         if count > 1:  # the steps' axis, unsplit, in front of (B, T) and behind the members'
             sharding = NamedSharding(sharding.mesh, P(None, *sharding.spec))
-        return runs.to_device_batch(rows[0] if self.count == 1 else _stack_batches(rows),
-                                    sharding)
+        return run_setup.to_device_batch(rows[0] if self.count == 1 else _stack_batches(rows),
+                                         sharding)
 
     def step(self, state: TrainState, batch: dict, count: int = 1) -> tuple[TrainState,
                                                                             jax.Array]:
@@ -199,7 +199,7 @@ class MemberAxis:
 
     def compile_step(self, state: TrainState, count: int = 1) -> None:
         """Compile the program of `count` steps for this state without running it
-        (`scale_ablation.training.ahead`)."""
+        (`scale_ablation.sweeping.ahead`)."""
         self._program(count).lower(state, self.example_batch(count), self._seeds).compile()
 
     def _program(self, count: int) -> Callable:

@@ -17,7 +17,7 @@ import numpy as np
 from scale_ablation.data import heldout
 from scale_ablation.data import sources as data_lib
 from scale_ablation.training import steps
-from scale_ablation.training.runs import PreparedRun, to_device_batch
+from scale_ablation.training.run_setup import PreparedRun, to_device_batch
 from scale_ablation.training.steps import TrainState
 
 

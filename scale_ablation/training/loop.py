@@ -27,7 +27,7 @@ from scale_ablation.training.ensemble import MemberAxis
 from scale_ablation.training.evaluation import Evaluator
 from scale_ablation.training.optim import lr_multiplier_program
 from scale_ablation.training.preemption import PreemptionFlag
-from scale_ablation.training.runs import PreparedRun
+from scale_ablation.training.run_setup import PreparedRun
 from scale_ablation.training.steps import TrainState
 
 

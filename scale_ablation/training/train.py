@@ -14,23 +14,23 @@ import jax
 import ml_collections
 
 from scale_ablation.records import jsonfiles, locking
-from scale_ablation.training import ensemble, hooks, provenance, runs
+from scale_ablation.training import ensemble, hooks, provenance, run_setup
 from scale_ablation.training.loop import Member, run_members
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike,
           extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True, *,
-          extend: bool = False, checked: runs.Checked | None = None) -> dict:
+          extend: bool = False, checked: run_setup.Checked | None = None) -> dict:
     """Train (or resume, or skip if already finished) the run in `workdir`; return its summary.
 
     `extra_hooks` run after the built-in row hooks, before the row is written
     (`hooks.default_hooks`). `extend`: a run trained with other `config.SCHEDULE_FIELDS`
     (steps, warmup, lr) continues with these instead of being refused. `checked`: what the
-    caller's `runs.check_before_start` (or a sweep's grid) established, so that the config is
+    caller's `run_setup.check_before_start` (or a sweep's grid) established, so that the config is
     not validated, nor config.json read, again.
     """
-    finished = runs.finished_summary(config, workdir, extend=extend,
-                                     stored=checked.stored if checked else None)
+    finished = run_setup.finished_summary(config, workdir, extend=extend,
+                                          stored=checked.stored if checked else None)
     if finished is not None:
         return finished
     return train_runs([config], [workdir], extra_hooks=extra_hooks, progress=progress,
@@ -41,7 +41,7 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
                workdirs: Sequence[str | os.PathLike], labels: Sequence[str] | None = None,
                extra_hooks: Sequence[hooks.Periodic] = (), progress: bool = True, *,
                extend: bool = False, pipelined: bool = True,
-               checked: Sequence[runs.Checked | None] | None = None) -> list[dict]:
+               checked: Sequence[run_setup.Checked | None] | None = None) -> list[dict]:
     """Train unfinished runs that can step as one program (`ensemble.group`); return their
     summaries in order. `labels` prefix each run's printed lines (default: none for one run,
     the directory name for several); `progress=False` prints no step lines (a sweep prints its
@@ -51,20 +51,20 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     Raises ConfigError if a run is refused (one in use by another process included) and
     ensemble.EnsembleMismatchError if the runs are no ensemble, both before any file is written.
     """
-    checked = [runs.check_before_start(config, workdir, extend=extend, checked=known)
+    checked = [run_setup.check_before_start(config, workdir, extend=extend, checked=known)
                for config, workdir, known in zip(configs, workdirs,
                                                  checked or [None] * len(configs), strict=True)]
     # One writer per run directory, held until the members end (process 0 writes the files).
     # Under the lock each run is checked again, on what was established before it.
     with locking.locked(workdirs if jax.process_index() == 0 else []):
-        prepared = [runs.prepare(config, workdir, extend=extend, checked=known)
+        prepared = [run_setup.prepare(config, workdir, extend=extend, checked=known)
                     for config, workdir, known in zip(configs, workdirs, checked, strict=True)]
         for workdir in workdirs:
             jsonfiles.remove_leftover_temporaries(workdir)
         return _train_prepared(prepared, labels, extra_hooks, progress, pipelined)
 
 
-def _train_prepared(prepared: list[runs.PreparedRun], labels: Sequence[str] | None,
+def _train_prepared(prepared: list[run_setup.PreparedRun], labels: Sequence[str] | None,
                     extra_hooks: Sequence[hooks.Periodic], progress: bool,
                     pipelined: bool = True) -> list[dict]:
     try:

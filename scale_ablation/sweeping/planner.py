@@ -37,7 +37,7 @@ from scale_ablation.data import sources as data_lib
 from scale_ablation.model import policies
 from scale_ablation.model.lm import build_model
 from scale_ablation.model.spec import ModelConfig
-from scale_ablation.training import ensemble, provenance, run_config, runs, steps
+from scale_ablation.training import ensemble, provenance, run_config, run_setup, steps
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
 ASSUMED_MFU = 0.4  # the rate assumed without a measured table, as a share of the peak
@@ -227,7 +227,7 @@ def shape_cost(config: ml_collections.ConfigDict, model: ModelConfig | None = No
     the config's ModelConfig, if the caller has it."""
     model = run_config.model_config(config) if model is None else model
     settings = OptimizerSettings.of(config, model)
-    program = steps.programs(runs.model_graphdef(model), settings,
+    program = steps.programs(run_setup.model_graphdef(model), settings,
                              float(config.train.z_loss)).train
     rows = jax.ShapeDtypeStruct((config.train.batch_size, config.data.seq_len), jnp.int32)
     batch = {"inputs": rows, "targets": rows,
@@ -243,7 +243,7 @@ def shape_cost(config: ml_collections.ConfigDict, model: ModelConfig | None = No
 
 
 def abstract_state(model: ModelConfig, settings: OptimizerSettings) -> Any:
-    """The train state `runs.init_state` builds, as shapes and dtypes only."""
+    """The train state `run_setup.init_state` builds, as shapes and dtypes only."""
     tx = make_optimizer(settings)
 
     def init():

@@ -16,16 +16,22 @@ from collections.abc import Callable, Sequence
 from absl import logging
 
 from scale_ablation.errors import ConfigError
-from scale_ablation.model import plugins
 from scale_ablation.records import locking
 from scale_ablation.records.run_files import FINISHED, RunFiles
-from scale_ablation.training import ensemble, hooks, planner, runtime
+from scale_ablation.sweeping import planner
+from scale_ablation.sweeping.ahead import Ahead
+from scale_ablation.sweeping.progress import Progress
+from scale_ablation.sweeping.sweep_grid import Point, run_status
+from scale_ablation.training import ensemble, hooks, runtime
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training.ahead import Ahead
 from scale_ablation.training.preemption import PreemptionFlag
-from scale_ablation.training.progress import Progress
-from scale_ablation.training.sweep_grid import Point, run_status
 from scale_ablation.training.train import train, train_runs
+
+
+def imports_args(imports: Sequence[str]) -> list[str]:
+    """The command-line arguments that make another process import the same modules
+    (`--imports`, `model.plugins`)."""
+    return [f"--imports={','.join(imports)}"] if imports else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +43,7 @@ class RunFlags:
     verbose: bool = False
 
     def args(self) -> list[str]:
-        return [*plugins.flag_args(self.imports), *(["--extend"] if self.extend else []),
+        return [*imports_args(self.imports), *(["--extend"] if self.extend else []),
                 *(["--verbose"] if self.verbose else [])]
 
 

@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from scale_ablation.training import planner
+from scale_ablation.sweeping import planner
 
 SHORT = {"d_model": "d_model", "num_layers": "layers", "num_heads": "heads", "head_dim": "d_k",
          "qk_dim": "qk", "seq_len": "seq", "batch_size": "batch", "dtype": ""}

@@ -14,7 +14,7 @@ from scale_ablation.model.spec import ModelConfig
 from scale_ablation.records import jsonfiles
 from scale_ablation.records.run_files import FINISHED, RunFiles
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import runs
+from scale_ablation.training import run_setup
 from scale_ablation.training.run_config import validate
 
 
@@ -24,13 +24,14 @@ class Point:
     overrides: dict
     config: object  # ml_collections.ConfigDict, resolved
     model: ModelConfig | None = None  # the config's, from its one validation (`expand`)
-    stored: runs.StoredConfig | None = None  # its config.json, once read (`check_finished_runs`)
+    stored: run_setup.StoredConfig | None = None  # its config.json, once read
+    # (`check_finished_runs`)
 
     @property
-    def checked(self) -> runs.Checked | None:
+    def checked(self) -> run_setup.Checked | None:
         """What the sweep established about the run, for `train` to check on (None: nothing,
         a point made without `expand`)."""
-        return None if self.model is None else runs.Checked(self.model, self.stored)
+        return None if self.model is None else run_setup.Checked(self.model, self.stored)
 
 
 def expand(spec: str, sweep_dir: str, add_policies: tuple[str, ...] = ()) -> list[Point]:
@@ -101,18 +102,18 @@ def check_finished_runs(sweep_dir: str, points: list[Point], statuses: dict[str,
     its config.json as read here (`Point.stored`): the run's start reads it no more."""
     for index, point in enumerate(points):
         workdir = os.path.join(sweep_dir, point.name)
-        stored = runs.StoredConfig.read(workdir)
+        stored = run_setup.StoredConfig.read(workdir)
         points[index] = dataclasses.replace(point, stored=stored)
         if statuses[point.name] in FINISHED:
-            if runs.finished_summary(point.config, workdir, extend=extend,
-                                     stored=stored) is None:
+            if run_setup.finished_summary(point.config, workdir, extend=extend,
+                                          stored=stored) is None:
                 statuses[point.name] = "extend"
         elif stored.stamp is not None:
-            runs.check_same_run(workdir, point.config, stored.config or {})
-            saved = runs.checkpoint_steps(workdir)
+            run_setup.check_same_run(workdir, point.config, stored.config or {})
+            saved = run_setup.checkpoint_steps(workdir)
             if saved:
-                runs.check_same_schedule(workdir, point.config, max(saved), extend=extend,
-                                         old=stored.config or {})
+                run_setup.check_same_schedule(workdir, point.config, max(saved), extend=extend,
+                                              old=stored.config or {})
 
 
 def final_statuses(sweep_dir: str, points: list[Point],

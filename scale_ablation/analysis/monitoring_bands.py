@@ -4,7 +4,7 @@ sits: normalised attention entropy > 0.8, max attention weight < 0.7, post-scale
 layers at the last diagnostic step: `final_entropy_normalised`, `final_max_weight`,
 `final_logit_std`).
 
-  python -m scale_ablation.analysis.bands [experiments/results]   # writes monitoring_bands.md
+  python -m scale_ablation.analysis.monitoring_bands [experiments/results]  # monitoring_bands.md
 
 Rules, stated once:
 
@@ -153,8 +153,9 @@ def markdown(standings: list[Standing]) -> str:
             *(band.text() for band in BANDS), *(f"smooth runs inside: {band.name}"
                                                 for band in BANDS[:2])]
     lines = ["# The article's monitoring bands against the studies' best runs", "",
-             "Written by `python -m scale_ablation.analysis.bands` from each study's "
-             "summary.csv (rules: `scale_ablation/analysis/bands.py`). ✗: outside the band. "
+             "Written by `python -m scale_ablation.analysis.monitoring_bands` from each study's "
+             "summary.csv (rules: `scale_ablation/analysis/monitoring_bands.py`). "
+             "✗: outside the band. "
              "Values are means over layers (and heads) at each run's last diagnostic step.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in standings:
@@ -183,8 +184,8 @@ def write_markdown(results: str = RESULTS, out: str | None = None) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) > 2 or (len(argv) == 2 and not os.path.isdir(argv[1])):
-        print("usage: python -m scale_ablation.analysis.bands [RESULTS_DIR] (a folder of "
-              "studies with summary.csv)", file=sys.stderr)
+        print("usage: python -m scale_ablation.analysis.monitoring_bands [RESULTS_DIR] "
+              "(a folder of studies with summary.csv)", file=sys.stderr)
         return 2
     print(write_markdown(argv[1] if len(argv) == 2 else RESULTS))
     return 0

@@ -2,7 +2,7 @@
 
 `Ahead.start(configs)` builds, in a background thread, the init program and the train step of
 the runs that will train next as one group (`ensemble.group`), on stand-in states shaped and
-placed as `runs.prepare` and the loop place theirs. The compiled programs land in jit's caches
+placed as `run_setup.prepare` and the loop place theirs. The compiled programs land in jit's caches
 and the persistent compilation cache, so the group starts without compiling them; on an
 accelerator the host compiles while the device trains. A failure here only costs the head start:
 the group compiles (and reports any error) when it starts.
@@ -18,20 +18,20 @@ import ml_collections
 from absl import logging
 
 from scale_ablation.model.spec import ModelConfig
-from scale_ablation.training import runs, sharding
+from scale_ablation.training import run_setup, sharding
 from scale_ablation.training.compile_log import AHEAD_THREAD
 from scale_ablation.training.ensemble import MemberAxis
 
 
 def _stand_in(config: ml_collections.ConfigDict,
-              model: ModelConfig | None = None) -> runs.PreparedRun:
-    """A fresh run's state, placed as `runs.prepare` places it; no data, no files. `model`:
+              model: ModelConfig | None = None) -> run_setup.PreparedRun:
+    """A fresh run's state, placed as `run_setup.prepare` places it; no data, no files. `model`:
     the config's ModelConfig, if the caller has it (a sweep's point has)."""
     mesh = sharding.make_mesh(config.train.get("fsdp", 1))
-    graphdef, state = runs.init_state(config, model=model)
+    graphdef, state = run_setup.init_state(config, model=model)
     state = jax.device_put(state, sharding.state_shardings(state, mesh))
-    return runs.PreparedRun(config, "", None, graphdef, state, None,
-                            sharding.batch_sharding(mesh), None, None)
+    return run_setup.PreparedRun(config, "", None, graphdef, state, None,
+                                 sharding.batch_sharding(mesh), None, None)
 
 
 def compile_group(configs: Sequence[ml_collections.ConfigDict], pipelined: bool = True,

@@ -18,9 +18,9 @@ from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import optimum
 from scale_ablation.errors import ConfigError
 from scale_ablation.records import jsonfiles
+from scale_ablation.sweeping.sweep_grid import Point
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.run_config import validate
-from scale_ablation.training.sweep_grid import Point
 
 REFINED_FILE = "refined.json"
 LR_KEY = "train.lr"

@@ -3,10 +3,10 @@
 The t quantile is computed here from the closed-form CDF of Student's t for an integer number
 of degrees of freedom (Abramowitz & Stegun 26.7.3-4), so the report needs no scipy at run time.
 
-    estimate = stats.mean_ci([3.1, 3.0, 3.2])        # Estimate(mean, half_width, n)
+    estimate = intervals.mean_ci([3.1, 3.0, 3.2])    # Estimate(mean, half_width, n)
     str(estimate)                                    # "3.100 ± 0.248 (n=3)"
-    diff = stats.paired(policy_values, reference_values)
-    stats.decide(diff)                               # "better" | "worse" | "unresolved"
+    diff = intervals.paired(policy_values, reference_values)
+    intervals.decide(diff)                           # "better" | "worse" | "unresolved"
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Where a diverged run's first non-finite number appeared (`python -m scale_ablation.nonfinite`).
+"""Replay a diverged run's step from its last checkpoint and find the first non-finite equation
+(the command that prints it: `python -m scale_ablation.nonfinite`).
 
 A diverged run keeps its last good state as a checkpoint (step d - 1, d its
 `diverged_at_step`). This replays step d from it, on the same batch and dropout key: first as
@@ -34,7 +35,7 @@ from scale_ablation.data import sources as data_lib
 from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
 from scale_ablation.records.run_files import RunFiles
 from scale_ablation.training import steps
-from scale_ablation.training.runs import init_state
+from scale_ablation.training.run_setup import init_state
 
 # Primitives that call a sub-program: the walk goes inside them, so that the equation it
 # reports is an operation (a tanh, a multiply), not the call around it.

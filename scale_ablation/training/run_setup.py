@@ -151,7 +151,7 @@ _INIT_LOCK = threading.Lock()
 def _init_program(key: tuple, model: ModelConfig, settings: OptimizerSettings | None):
     """(seed, lr, base_scales (layers,)) -> state, compiled once per key from the first `model`
     of its key (the others differ only in the numbers it takes as inputs)."""
-    with _INIT_LOCK:  # `scale_ablation.training.ahead` builds programs in a thread of its own
+    with _INIT_LOCK:  # `scale_ablation.sweeping.ahead` builds programs in a thread of its own
         return _init_program_locked(key, model, settings)
 
 

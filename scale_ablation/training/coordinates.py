@@ -1,5 +1,6 @@
-"""The coordinate check (mup's `get_coord_data`, Yang et al. 2022 §D): train each width a few
-steps and record the mean |x| of each activation family at every step.
+"""Activation coordinates per width (mup's `get_coord_data`, Yang et al. 2022 §D): train each
+width a few steps and record the mean |x| of each activation family at every step; the command
+that plots and judges them is `scale_ablation.coord_check`.
 
 Rules, stated once:
 - Width w sets `model.d_model = w` and `model.head_dim = w · head_dim / d_model` of the config
@@ -30,7 +31,7 @@ from flax import nnx
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.errors import ConfigError
-from scale_ablation.training import optim, run_config, runs
+from scale_ablation.training import optim, run_config, run_setup
 from scale_ablation.training import steps as steps_lib
 from scale_ablation.training.experiment_files import apply_overrides
 
@@ -63,7 +64,7 @@ def width_config(config: ml_collections.ConfigDict, width: int, parametrization:
 
 
 def _programs(config: ml_collections.ConfigDict):
-    graphdef, _ = runs.init_state(config)
+    graphdef, _ = run_setup.init_state(config)
     train_step = jax.jit(steps_lib.make_train_step(graphdef, optim.make_optimizer(config),
                                                    float(config.train.z_loss)))
 
@@ -79,7 +80,7 @@ def run_seed(config: ml_collections.ConfigDict, num_steps: int, seed: int) -> di
     """quantity -> [mean |x| at step 1, ..., step num_steps] of one seed."""
     config = apply_overrides(config, {"train.seed": seed})
     train_step, coordinates = _programs(config)
-    _, state = runs.init_state(config)
+    _, state = run_setup.init_state(config)
     source = data_lib.make_source(config.data, seed=seed)
     found: dict[str, list] = {q: [] for q in QUANTITIES}
     for step in range(num_steps):
