@@ -4,6 +4,11 @@ should catch it, and report which mutations the tests kill.
     python benchmarks/mutation.py                    # every mutation (~13 minutes on 2 cores)
     python benchmarks/mutation.py --only rotary,bpb  # mutations whose name contains a word
     python benchmarks/mutation.py --list             # the list, nothing run
+    python benchmarks/mutation.py --tier fast        # only each selection's fast-tier tests
+
+`--tier fast` keeps each mutation's tests to those not marked slow (`-m "not slow"`, the fast
+tier): run once with it and once without, the two counts are how much of what the full suite
+kills the fast tier kills. A mutation whose tests are all slow is "survived (no fast test)" there.
 
 Each mutation is a realistic bug: a file, an exact snippet of it, its replacement, and the tests
 (pytest arguments: files, node ids, `-k` expressions) that must fail. Every snippet is checked,
@@ -38,7 +43,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Not copied: environments, caches and outputs.
-IGNORED = (".git", ".venv", "__pycache__", ".pytest_cache", ".ruff_cache", "results", "runs",
+IGNORED = (".git", ".venv", ".jax_cache", "__pycache__", ".pytest_cache", ".ruff_cache", "results", "runs",
            "wandb", "*.egg-info")
 
 
@@ -228,8 +233,13 @@ def check_snippets(mutations: list[Mutation]) -> list[str]:
     return problems
 
 
+TIER_MARKERS = {"full": (), "fast": ("-m", "not slow")}
+NO_TESTS = 5  # pytest's exit status when the selection collects nothing
+
+
 def pytest(copy: pathlib.Path, tests: tuple[str, ...], timeout: float):
-    """pytest -x on `tests` in the copy, importing the copy's package."""
+    """pytest -x on `tests` (the tier's marker expression included) in the copy, importing the
+    copy's package."""
     env = {**os.environ, "PYTHONPATH": str(copy), "WANDB_MODE": "offline",
            "WANDB_SILENT": "true", "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
@@ -247,7 +257,7 @@ def failing_baselines(copy: pathlib.Path, mutations: list[Mutation], timeout: fl
         result = pytest(copy, tests, timeout)
         print(f"[baseline {index}/{len(selections)}] rc {result.returncode} "
               f"{time.monotonic() - start:6.1f} s  {' '.join(tests)}", flush=True)
-        if result.returncode != 0:
+        if result.returncode not in (0, NO_TESTS):  # a selection with no fast test is no failure
             failing.append(f"{' '.join(tests)}: pytest exited {result.returncode}\n"
                            f"{result.stdout[-1500:]}")
     return failing
@@ -263,7 +273,8 @@ def run_tests(copy: pathlib.Path, mutation: Mutation, timeout: float) -> tuple[s
     try:
         result = pytest(copy, mutation.tests, timeout)
         # pytest: 1 a test failed, 5 no test collected (a bad selection is not a kill).
-        outcome = {0: "survived", 1: "killed"}.get(result.returncode)
+        outcome = {0: "survived", 1: "killed", NO_TESTS: "survived (no test)"}.get(
+            result.returncode)
         if outcome is None:
             raise RuntimeError(f"{mutation.name}: pytest exited {result.returncode}:\n"
                                f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -290,9 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no_baseline", action="store_true", help="skip the first pass that "
                         "runs each test selection on the unmutated copy (it must pass)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mutation")
+    parser.add_argument("--tier", choices=sorted(TIER_MARKERS), default="full",
+                        help="fast: only the tests of each selection not marked slow")
     args = parser.parse_args(argv)
     words = [w for w in args.only.split(",") if w]
-    chosen = [m for m in MUTATIONS if not words or any(w in m.name for w in words)]
+    chosen = [dataclasses.replace(m, tests=(*m.tests, *TIER_MARKERS[args.tier]))
+              for m in MUTATIONS if not words or any(w in m.name for w in words)]
     if not chosen:
         print(f"error: --only {args.only!r} matches no mutation", file=sys.stderr)
         return 2
@@ -327,7 +341,7 @@ def report(results: list[tuple[Mutation, str, float]]) -> int:
     print(f"\n{'outcome':<18} {'seconds':>8}  {'area':<12} mutation")
     for m, outcome, seconds in results:
         print(f"{outcome:<18} {seconds:8.1f}  {m.area:<12} {m.name}: {m.why}")
-    survived = [m.name for m, outcome, _ in results if outcome == "survived"]
+    survived = [m.name for m, outcome, _ in results if outcome.startswith("survived")]
     total = sum(seconds for *_, seconds in results)
     print(f"\n{len(results) - len(survived)}/{len(results)} killed in {total:.0f} s"
           + (f"; survived: {', '.join(survived)}" if survived else ""))

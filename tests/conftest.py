@@ -18,19 +18,46 @@ for path in (REPO, REPO / "tests"):
 os.environ["WANDB_MODE"] = "offline"
 os.environ["WANDB_SILENT"] = "true"
 
-# One persistent XLA cache for a run of the suite, in each pytest process and the commands its
-# tests start (`runtime.enable_compilation_cache` takes JAX's own variable over the cache beside
-# a workdir): the tests train the same tiny models again and again, and a program one test
-# compiled is loaded by the next (a quarter of the suite's time). Each pytest process (each
-# xdist worker) makes its own, empty, so that every run starts cold as CI does and no two
-# processes write one entry at once (JAX writes without a lock); removed at exit. A cache the
-# user set is theirs and kept. A test of the cache itself removes the variable
-# (test_compile_cache.py). Set before JAX is imported: JAX reads these when it is.
-_PREFIX = "scale_ablation-tests-xla-cache-"
-if os.path.basename(os.environ.get("JAX_COMPILATION_CACHE_DIR", _PREFIX)).startswith(_PREFIX):
-    _cache = tempfile.mkdtemp(prefix=_PREFIX)
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+# A persistent XLA cache for the suite, kept between runs in .jax_cache/tests (ignored by git):
+# the tests build the same tiny models again and again, and about 60% of the time of a test
+# that runs JAX in process is compiling (eager operations compile one by one). JAX keys each
+# entry by the program, the compile options and the jaxlib version, so an entry is what
+# compiling again would give, and a change of code only adds entries. One folder per pytest
+# process (each xdist worker, shared with the commands its tests start: they inherit the
+# variable, and `runtime.enable_compilation_cache` takes it over the cache beside a workdir),
+# since JAX writes an entry without a lock (its lock comes only with its LRU eviction, which
+# scans the whole folder at every write: 0.24 s a write at 3,000 entries). Past 2 GiB the
+# folder starts again empty. SCALE_ABLATION_TESTS_CACHE=cold starts from an empty cache removed
+# at exit (CI's case, a fresh clone, is cold anyway). A cache the user set with
+# JAX_COMPILATION_CACHE_DIR is theirs and used as it is. A test of the cache itself removes the
+# variable (test_compile_cache.py). Set before JAX is imported: JAX reads these when it is.
+_SUITE_CACHE = REPO / ".jax_cache" / "tests"
+_SUITE_CACHE_BYTES = 2 << 30
+_COLD_PREFIX = "scale_ablation-tests-xla-cache-"
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _suite_cache() -> str:
+    """This process's cache folder (see above)."""
+    if os.environ.get("SCALE_ABLATION_TESTS_CACHE") == "cold":
+        folder = tempfile.mkdtemp(prefix=_COLD_PREFIX)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        return folder
+    if not os.environ.get("PYTEST_XDIST_WORKER") and _SUITE_CACHE.is_dir() and \
+            _folder_bytes(_SUITE_CACHE) > _SUITE_CACHE_BYTES:
+        shutil.rmtree(_SUITE_CACHE, ignore_errors=True)
+    folder = _SUITE_CACHE / os.environ.get("PYTEST_XDIST_WORKER", "main")
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
+_user_cache = os.environ.get("JAX_COMPILATION_CACHE_DIR", "")
+if not _user_cache or _user_cache.startswith(str(_SUITE_CACHE)) or \
+        os.path.basename(_user_cache).startswith(_COLD_PREFIX):
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _suite_cache()
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 

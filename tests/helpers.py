@@ -5,9 +5,11 @@ import importlib
 import json
 import os
 import pathlib
+import shutil
 import textwrap
 from types import ModuleType
 
+import filelock
 import pytest
 
 from scale_ablation.training import experiment_files as experiment
@@ -66,6 +68,25 @@ def experiment_source(doc: str, overrides: dict, grid: str, when_arg: str = "") 
             f"    config = experiment.apply_overrides(base.get_config('quick'), {overrides!r})\n"
             + (f"{body}\n" if body else "")
             + f"    return config\n\n\ndef sweep(arg=None):\n    return {grid}\n")
+
+
+def shared_root(tmp_path_factory) -> pathlib.Path:
+    """A directory every pytest process of this run of the suite sees: the run's own temporary
+    root, above each xdist worker's (pytest-xdist's recipe for session fixtures built once)."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
+def built_once(directory: pathlib.Path, build) -> pathlib.Path:
+    """`build(directory)` under a file lock, unless an earlier call finished it: the first
+    process that needs a fixture builds it, the others wait for it and reuse it."""
+    done = directory / ".built"
+    with filelock.FileLock(f"{directory}.lock"):
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)  # what a failed build left
+            build(directory)
+            done.touch()
+    return directory
 
 
 def read_json(path) -> dict:

@@ -281,8 +281,9 @@ def test_causal_blocks_match_full_attention(spec):
         out, _ = attention.attend(q, k, v, policy=policy, params=params, return_internals=True)
         return out.sum()
 
-    grads_blocked = jax.grad(blocked, argnums=(0, 1, 2, 3))(q, k, v, params)
-    grads_full = jax.grad(full, argnums=(0, 1, 2, 3))(q, k, v, params)
+    # Each gradient as one program: run eagerly, every operation of the blocks compiles alone.
+    grads_blocked = jax.jit(jax.grad(blocked, argnums=(0, 1, 2, 3)))(q, k, v, params)
+    grads_full = jax.jit(jax.grad(full, argnums=(0, 1, 2, 3)))(q, k, v, params)
     for a, b in zip(jax.tree.leaves(grads_blocked), jax.tree.leaves(grads_full), strict=True):
         # float32 round-off is relative to the largest terms summed, not to each entry: an
         # entry near 0 (a parameter gradient summed over the batch) moves by ~1e-6 of the max.

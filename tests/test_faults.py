@@ -232,6 +232,7 @@ def test_a_full_disk_is_one_line_exit_1_and_resumes_when_space_returns(
     assert metric_rows(workdir) == uninterrupted[1]
 
 
+@pytest.mark.slow  # a sweep in a subprocess on a small disk, ~20 s; a run on one: the fast tier
 def test_a_sweep_on_a_full_disk_exits_4_naming_its_incomplete_runs(small_disk, tmp_path):
     mount, grow = small_disk
     disk = mount("700k")

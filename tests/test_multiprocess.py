@@ -118,6 +118,7 @@ def two_processes(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow  # three runs in subprocesses, ~40 s; the step's sharding: test_sharding.py
 def test_two_processes_train_as_one(one_process, two_processes):
     """The logged losses equal one process's (to the 8-device test's tolerance), and only
     process 0 wrote the run files and the W&B run."""

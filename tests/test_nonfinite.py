@@ -123,6 +123,7 @@ def diverged(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow  # a diverging run, its replay and the command, ~1 min; the search: above
 def test_the_replay_meets_the_divergence_the_run_recorded(diverged):
     at = read_json(diverged / "summary.json")["diverged_at_step"]
     replay = nonfinite_replay.load_replay(str(diverged))

@@ -203,6 +203,7 @@ def test_every_entry_point_refuses_a_missing_import(tool, tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow  # a parallel sweep in subprocesses, ~20 s; one process: the fast tier
 def test_parallel_sweep_imports_the_users_file_in_every_process(tmp_path, tiny_experiment):
     user_file = write(tmp_path / "user_policy.py", USER_POLICY.replace("{name}", "user_half_sqrt"))
     log = tmp_path / "imported_by.txt"

@@ -76,6 +76,7 @@ def readme_sweep_commands() -> list[list[str]]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
+@pytest.mark.slow  # a sweep and its report in subprocesses, ~40 s; the example policy: above
 def test_the_readme_takes_a_new_policy_file_to_a_sweep_report(tmp_path):
     policy_file = tmp_path / "my_policy.py"
     policy_file.write_text(readme_policy_example())  # "Save the example above as my_policy.py"

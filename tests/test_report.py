@@ -45,7 +45,7 @@ PLOTS = (
 
 @pytest.fixture(scope="session")
 def sweep_dir(tmp_path_factory) -> pathlib.Path:
-    return build_report_sweep(tmp_path_factory.getbasetemp())
+    return build_report_sweep(tmp_path_factory)
 
 
 

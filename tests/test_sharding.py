@@ -57,6 +57,7 @@ def one_device(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow  # two runs on 8 virtual devices, ~1 min; the shardings: by inspection above
 @pytest.mark.parametrize("fsdp", [1, 4], ids=["data_parallel", "fsdp4"])
 def test_eight_devices_match_one(one_device, tmp_path, fsdp):
     """Same losses at every logged step to float32 round-off (the cross-device reductions sum

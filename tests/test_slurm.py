@@ -19,7 +19,8 @@ from helpers import read_json
 from test_sharding import REPO, TINY, command, losses
 from test_sweep import REPORT_STATUSES, write_experiment
 
-pytestmark = pytest.mark.slurm
+# A cluster and jobs that queue, ~2 min together: the slow tier (CI runs it as root).
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 CLUSTER = REPO / "launch" / "slurm_local_cluster.sh"
 # Long enough that a warning sent once step 10 is logged arrives well before the end.

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import TINY_MODEL, experiment_source, read_json
+from helpers import TINY_MODEL, built_once, experiment_source, read_json, shared_root
 
 from scale_ablation import report, sweep
 from scale_ablation.training import experiment_files as experiment
@@ -78,14 +78,17 @@ def write_experiment(directory: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def build_report_sweep(root: pathlib.Path) -> pathlib.Path:
+def build_report_sweep(tmp_path_factory) -> pathlib.Path:
     """The "report" grid run in this process, as `sweep.main` would, report included.
 
-    Built once under `root`: test_report.py calls this with the same root and reuses it.
+    Built once per run of the suite: test_report.py calls this too, and every pytest process
+    reuses the one the first built (the tests only read it).
     """
-    sweep_dir = root / "tiny_sweep"
-    if (sweep_dir / "report" / "summary.md").exists():
-        return sweep_dir
+    return built_once(shared_root(tmp_path_factory) / "report_grid", run_report_grid) / "sweep"
+
+
+def run_report_grid(root: pathlib.Path) -> None:
+    sweep_dir = root / "sweep"
     spec = f"{write_experiment(root)}:report"
     points = sweep.expand(spec, str(sweep_dir))
     sweep.write_sweep_file(str(sweep_dir), spec, points)
@@ -93,7 +96,6 @@ def build_report_sweep(root: pathlib.Path) -> pathlib.Path:
     assert complete
     sweep.write_sweep_file(str(sweep_dir), spec, points)
     report.write_report(str(sweep_dir))
-    return sweep_dir
 
 
 def run_sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -133,7 +135,7 @@ def printed_steps(stdout: str, total: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def report_sweep(tmp_path_factory) -> pathlib.Path:
-    return build_report_sweep(tmp_path_factory.getbasetemp())
+    return build_report_sweep(tmp_path_factory)
 
 
 def test_sweep_file_lists_every_point_with_its_status(report_sweep):

@@ -331,6 +331,7 @@ def test_resume_after_sigterm_is_bitwise_identical(resume_base):
     assert_same_run(resume_base / "uninterrupted", workdir, quick_config(RESUME))
 
 
+@pytest.mark.slow  # ~20 s; SIGTERM's resume, the same restore, stays in the fast tier
 def test_resume_after_sigkill_is_bitwise_identical(resume_base):
     workdir = resume_base / "sigkill"
     # Killed at step 50: past the checkpoint at 40, with rows logged beyond it that the resume
