@@ -64,8 +64,10 @@ def run_sweep(spec: str, sweep_dir, by_kind: dict | None = None) -> tuple[int, i
     return tuple(int(n) for n in found.groups())
 
 
-# Chunks of two steps: the same count, on the chunked programs; ~30 s, so `-m slow`.
-@pytest.mark.parametrize("steps_per_call", [1, pytest.param(2, marks=pytest.mark.slow)])
+# Two sweeps in subprocesses, ~30 s each: `-m slow`. Chunks of two steps: the same count, on the
+# chunked programs.
+@pytest.mark.slow
+@pytest.mark.parametrize("steps_per_call", [1, 2])
 def test_warm_cache_rerun_compiles_nothing(tmp_path, steps_per_call):
     spec = tmp_path / "tiny_compile.py"
     spec.write_text(experiment(steps_per_call))

@@ -135,6 +135,7 @@ def test_two_processes_train_as_one(one_process, two_processes):
     assert read_json(two_processes / "config.json")["train"]["fsdp"] == 4
 
 
+@pytest.mark.slow  # two processes training, ~30 s; one process's checkpoints: the fast tier
 def test_each_process_writes_its_part_of_every_checkpoint(two_processes):
     steps = sorted(int(p.name) for p in (two_processes / "checkpoints").iterdir())
     assert steps == [TINY["train.steps"] - TINY["checkpoint.every"], TINY["train.steps"]]

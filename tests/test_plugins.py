@@ -289,6 +289,7 @@ def install(tmp_path: pathlib.Path, module: str, source: str) -> dict:
                                                                 ENV.get("PYTHONPATH")]))}
 
 
+@pytest.mark.slow  # a package on the path, then a sweep, ~15 s; its entry point read: below
 def test_an_installed_package_adds_its_policy_with_no_flag(tmp_path, tiny_experiment):
     env = install(tmp_path, "sa_demo_policies", USER_POLICY.replace("{name}", "pkg_half"))
     listed = run("-c", "from scale_ablation.model import policies; print(policies.available())", env=env)

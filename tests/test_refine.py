@@ -154,6 +154,7 @@ def test_the_report_locates_each_optimum_inside_its_bracket(refined):
         assert abs(math.log(float(best) / OPTIMA[policy])) <= math.log(2) / 2
 
 
+@pytest.mark.slow  # a refine stopped and rerun in subprocesses, ~20 s; the rounds: above
 def test_a_stopped_refine_resumes_and_runs_each_point_once(files, refined):
     sweep_dir = files / "stopped"
     first = refine(files, sweep_dir, "--refine_rounds=1", stop_after=len(GRID) + 2)

@@ -248,7 +248,8 @@ def available() -> list[str]:
 def registered_by(name: str) -> str:
     """The module whose `register` call added the policy `name` (KeyError: none did)."""
     _load_installed()
-    return getattr(_REGISTRY[name], "__module__", "?")
+    # A function made by exec (a user's .py file loaded by plugins) may have __module__ None.
+    return getattr(_REGISTRY[name], "__module__", None) or "?"
 
 
 def get(spec: str) -> ScalePolicy:
