@@ -238,6 +238,7 @@ def run_sweep(experiment_file, sweep_dir, *flags):
     )
 
 
+@pytest.mark.slow  # two sweeps in subprocesses, ~15 s; members as they would train alone: above
 def test_a_sweep_with_ensembles_ends_as_one_without(tmp_path):
     experiment_file = tmp_path / "experiments" / "two_by_two.py"
     experiment_file.parent.mkdir()

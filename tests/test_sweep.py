@@ -249,6 +249,7 @@ def killed_and_resumed(experiment_file, tmp_path_factory) -> dict:
     }
 
 
+@pytest.mark.slow  # a sweep killed and rerun in subprocesses, ~25 s for the three; a run's resume: test_train.py
 def test_kill_then_rerun_keeps_finished_runs_and_resumes_the_killed_one(killed_and_resumed):
     state = killed_and_resumed
     rerun, first, second = state["rerun"], state["first"], state["second"]
@@ -281,6 +282,7 @@ def test_kill_then_rerun_keeps_finished_runs_and_resumes_the_killed_one(killed_a
     assert (state["dir"] / "report" / "summary.md").exists()
 
 
+@pytest.mark.slow  # a sweep killed and rerun in subprocesses, ~25 s for the three; a run's resume: test_train.py
 def test_dry_run_of_a_started_sweep_lists_statuses_and_writes_nothing(killed_and_resumed):
     dry_run = killed_and_resumed["dry_run"]
     assert dry_run.returncode == 0, dry_run.stderr
@@ -380,6 +382,7 @@ def test_parallel_runs_each_point_in_its_own_process(parallel_sweep):
     assert not (sweep_dir / "report").exists()  # --noreport
 
 
+@pytest.mark.slow  # a sweep killed and rerun in subprocesses, ~25 s for the three; a run's resume: test_train.py
 def test_the_resumed_run_ends_where_an_uninterrupted_one_does(killed_and_resumed, parallel_sweep):
     uninterrupted = read_json(
         parallel_sweep[0] / killed_and_resumed["second"].name / "summary.json"
