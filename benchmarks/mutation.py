@@ -1,7 +1,7 @@
 """Mutation testing of the core: apply each listed bug to a copy of the repo, run the tests that
 should catch it, and report which mutations the tests kill.
 
-    python benchmarks/mutation.py                    # every mutation (~13 minutes on 2 cores)
+    python benchmarks/mutation.py                    # every mutation (~9 minutes on 2 cores)
     python benchmarks/mutation.py --only rotary,bpb  # mutations whose name contains a word
     python benchmarks/mutation.py --list             # the list, nothing run
     python benchmarks/mutation.py --tier fast        # only each selection's fast-tier tests
@@ -43,8 +43,8 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Not copied: environments, caches and outputs.
-IGNORED = (".git", ".venv", ".jax_cache", "__pycache__", ".pytest_cache", ".ruff_cache", "results", "runs",
-           "wandb", "*.egg-info")
+IGNORED = (".git", ".venv", ".jax_cache", "__pycache__", ".pytest_cache", ".ruff_cache",
+           "results", "runs", "wandb", "*.egg-info")
 
 
 @dataclasses.dataclass(frozen=True)

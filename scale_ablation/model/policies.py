@@ -198,6 +198,11 @@ def register_composer(combine: Callable[[ScalePolicy, ScalePolicy], ScalePolicy]
     _composer.append(combine)
 
 
+def _module_of(factory: PolicyFactory) -> str:
+    # A function made by exec (a user's .py file loaded by plugins) may have __module__ None.
+    return getattr(factory, "__module__", None) or "?"
+
+
 def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
     """Decorator: register `factory(arg: str | None) -> ScalePolicy` under `name`."""
     if not name or ":" in name:
@@ -206,9 +211,8 @@ def register(name: str) -> Callable[[PolicyFactory], PolicyFactory]:
     def decorate(factory: PolicyFactory) -> PolicyFactory:
         if name in _REGISTRY:
             # Silently replacing a policy would change what every run of that name measures.
-            first = getattr(_REGISTRY[name], "__module__", "?")
-            raise ValueError(f"scale policy {name!r} is registered twice: by {first} and by "
-                             f"{getattr(factory, '__module__', '?')}")
+            raise ValueError(f"scale policy {name!r} is registered twice: by "
+                             f"{_module_of(_REGISTRY[name])} and by {_module_of(factory)}")
         _REGISTRY[name] = factory
         return factory
 
@@ -248,8 +252,7 @@ def available() -> list[str]:
 def registered_by(name: str) -> str:
     """The module whose `register` call added the policy `name` (KeyError: none did)."""
     _load_installed()
-    # A function made by exec (a user's .py file loaded by plugins) may have __module__ None.
-    return getattr(_REGISTRY[name], "__module__", None) or "?"
+    return _module_of(_REGISTRY[name])
 
 
 def get(spec: str) -> ScalePolicy:
