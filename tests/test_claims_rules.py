@@ -155,7 +155,7 @@ def test_arms_unstable_counts_divergence_per_arm():
     scope = {"where": (("train.dtype", "float16"),), "policies": ("none",), "min_lr": 0.1}
     unstable = verdict(arms(c.Unstable(("activation",), expect_unstable=True), **scope), rows)
     assert unstable.verdict == "supported", unstable
-    assert "activation, d_k=32: smooth at LR none; 3 diverged" in unstable.numbers[0]
+    assert "activation, d_k=32: smooth at no LR; 3 diverged" in unstable.numbers[0]
     smooth = verdict(arms(c.Unstable(("float32",), expect_unstable=False), **scope), rows)
     assert smooth.verdict == "supported", smooth
     # Without min_lr the small LR trains smoothly in both arms: the first claim fails.
@@ -358,3 +358,26 @@ def test_diverges_at_three_seeds_each_is_not_decided():
     found = verdict(diverges("more", ("float16",), "float32"), rows)
     assert sps.fisher_exact([[3, 0], [0, 3]]).pvalue == pytest.approx(0.1)
     assert found.verdict == "inconclusive", found
+
+
+def kinds_rows(init: str, failures_by_lr: dict[float, str]) -> list[dict]:
+    """Runs of 'none' under `init`, every seed at an LR with that LR's failure kinds (";")."""
+    return [row("none", 64, lr, seed, failures=kinds, **{"override:model.init": init})
+            for lr, kinds in failures_by_lr.items() for seed in SEEDS]
+
+
+def test_unstable_kinds_count_only_the_named_failures_within_one_init():
+    """"Exploded or oscillated" (diverged or spiked): an LR whose runs only failed to learn is
+    no explosion, so it is the LR that trains without one; Within keeps the other init out."""
+    exploded = {1e-3: "spiked", 1e-2: "diverged"}
+    rows = kinds_rows("fan_in", {**exploded, 3e-3: "not_learning"}) + kinds_rows("gpt2", exploded)
+    rule = c.Unstable(("none",), kinds=("diverged", "spiked"))
+    fan_in = verdict(c.Within(rule, where=(("model.init", "fan_in"),)), rows)
+    assert fan_in.verdict == "contradicted", fan_in
+    assert fan_in.numbers == ("none, d_k=64: no run diverged or spiked at LR 0.003; 3 diverged, "
+                              "3 spiked, 3 not learning of 9 runs",)
+    assert verdict(c.Within(rule, where=(("model.init", "gpt2"),)), rows).verdict == "supported"
+    every_kind = verdict(c.Within(c.Unstable(("none",)), where=(("model.init", "fan_in"),)), rows)
+    assert every_kind.verdict == "supported", every_kind  # not learning is a failure there
+    with pytest.raises(ValueError, match="unknown failure kinds"):
+        c.Unstable(("none",), kinds=("exploded",))

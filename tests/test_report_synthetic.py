@@ -363,7 +363,7 @@ def test_claims_verdicts(sweep):
     reference = [final_loss("inv_sqrt_dk", lr, s) / math.log(2) for s in SEEDS]
     assert f"Δ = {scipy_paired(values, reference)} on the validation split" in text
     # Every synthetic run ends above the bigram line: by the taxonomy none trains smoothly.
-    assert re.search(r"d_k=64: smooth at LR none; .*not learning of", text)
+    assert re.search(r"d_k=64: smooth at no LR; .*not learning of", text)
 
 
 def test_csv_carries_instability_and_per_layer_logits(sweep):

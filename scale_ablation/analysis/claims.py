@@ -27,6 +27,7 @@ Counts: solved fractions for bimodal outcomes (MQAR), Wilson intervals and Fishe
 Diverges: how many runs diverged at each learning rate, the listed policies (or arms) against the
 reference, by Fisher's exact test.
 
+Within: a Compare, Unstable or Diverges rule over the runs with given overrides alone.
 Arms: a Compare, Unstable or Diverges rule whose "policies" are the values of one swept field
 (float32 against activation-dtype logits), restricted to runs with given overrides, scale
 policies and learning rates.
@@ -37,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 
 from scale_ablation.analysis import comparisons as cmp
+from scale_ablation.analysis import failures
 
 OPPOSITE = {"better": ("worse",), "worse": ("better",),
             "indistinguishable": ("better", "worse")}
@@ -88,17 +90,34 @@ class Compare:
 
 @dataclasses.dataclass(frozen=True)
 class Unstable:
+    """Whether the listed policies train smoothly at some learning rate. `kinds` narrows what
+    makes an LR rough to those failure kinds (e.g. ("diverged", "spiked"): "exploded or
+    oscillated"); empty: every kind of the taxonomy."""
+
     policies: tuple[str, ...]
     expect_unstable: bool = True
     min_d_k: int = 0
+    kinds: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.kinds) - set(failures.FAILURE_KINDS))
+        if unknown:
+            raise ValueError(f"Unstable.kinds: unknown failure kinds {unknown} "
+                             f"(known: {', '.join(failures.FAILURE_KINDS)})")
 
     def describe(self) -> str:
         who = ", ".join(self.policies)
         dims = f" at d_k >= {self.min_d_k}" if self.min_d_k else ""
+        named = (" or ".join(k.replace("_", " ") for k in self.kinds) if self.kinds else
+                 "diverged, spiked, collapsed its attention entropy, did not learn or collapsed")
+        if self.kinds and self.expect_unstable:
+            return f"supported if every learning rate of {who}{dims} has a run that {named}"
+        if self.kinds:
+            return (f"supported if {who} have a learning rate{dims} at which no run {named}, "
+                    "every d_k")
         if self.expect_unstable:
-            return (f"supported if {who} train smoothly at no learning rate{dims} (every LR has a "
-                    "run that diverged, spiked, collapsed its attention entropy, did not learn "
-                    "or collapsed)")
+            return (f"supported if {who} train smoothly at no learning rate{dims} (every LR has "
+                    f"a run that {named})")
         return f"supported if {who} train smoothly at some learning rate{dims}, every d_k"
 
 
@@ -153,7 +172,7 @@ OPPOSITE_COUNT = {"more": "fewer", "fewer": "more"}
 @dataclasses.dataclass(frozen=True)
 class Claim:
     text: str  # the article's claim, in its words
-    rule: Compare | Unstable | Band | Arms | Counts | Diverges
+    rule: Compare | Unstable | Band | Arms | Within | Counts | Diverges
     source: str = ""  # where it is made, e.g. "article §1"
 
 
@@ -235,3 +254,20 @@ class Arms:
             out.append({**relabelled, "policy": str(r[arm_key]),
                         "override:scale_policy": r["policy"]})
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Within:
+    """A `Compare`, `Unstable` or `Diverges` rule over the runs with every `where` override
+    alone (e.g. (("model.init", "gpt2"),): one init's runs), policies kept as they are."""
+
+    rule: Compare | Unstable | Diverges
+    where: tuple[tuple[str, object], ...]
+
+    def describe(self) -> str:
+        scope = "; ".join(f"{k}={v}" for k, v in self.where)
+        return f"runs with {scope}: {self.rule.describe()}"
+
+    def rows(self, rows: list[dict]) -> list[dict]:
+        return [r for r in rows
+                if all(str(r.get(f"override:{k}")) == str(v) for k, v in self.where)]

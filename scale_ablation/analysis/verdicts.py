@@ -62,6 +62,7 @@ from scale_ablation.analysis.claims import (
     Diverges,
     Unstable,
     Verdict,
+    Within,
 )
 from scale_ablation.analysis.verdict_bands import judge_band
 from scale_ablation.analysis.verdict_counts import Counting, Divergences, Test, p_text, split_of
@@ -268,21 +269,26 @@ def _paired_own_lr(rows: list[dict], reference: str, key: str,
 SMOOTH, ROUGH, UNKNOWN = "smooth", "rough", "unknown"
 
 
-def _lr_standing(runs: list[dict]) -> str:
-    """ROUGH when a finished run has a failure kind, SMOOTH when every run completed with none,
-    UNKNOWN otherwise (some run has no result: it counts neither way)."""
+def _lr_standing(runs: list[dict], kinds: tuple[str, ...] = ()) -> str:
+    """ROUGH when a finished run has a failure kind (one of `kinds`, when given), SMOOTH when
+    every run completed with none, UNKNOWN otherwise (some run has no result: it counts neither
+    way)."""
     done = finished_rows(runs)
-    if any(failures.row_failures(r) or r["status"] != "completed" for r in done):
+    def rough(r: dict) -> bool:
+        found = failures.row_failures(r)
+        return bool(set(found) & set(kinds)) if kinds else bool(found or r["status"] != "completed")
+    if any(rough(r) for r in done):
         return ROUGH
     return SMOOTH if len(done) == len(runs) else UNKNOWN
 
 
-def _lr_standings(rows: list[dict]) -> dict[tuple[str, int], dict[float, str]]:
+def _lr_standings(rows: list[dict], kinds: tuple[str, ...] = ()
+                  ) -> dict[tuple[str, int], dict[float, str]]:
     """(policy, d_k) -> learning rate -> its standing (`_lr_standing`), in LR order."""
     by_lr: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
         by_lr[(r["policy"], r["d_k"])][r["lr"]].append(r)
-    return {group: {lr: _lr_standing(lrs[lr]) for lr in sorted(lrs)}
+    return {group: {lr: _lr_standing(lrs[lr], kinds) for lr in sorted(lrs)}
             for group, lrs in by_lr.items()}
 
 
@@ -303,20 +309,24 @@ def _failure_counts(runs: list[dict]) -> str:
             + (f" ({unfinished} more without a result)" if unfinished else ""))
 
 
-def _unstable_line(policy: str, d_k: int, lrs: dict[float, str], runs: list[dict]) -> str:
+def _unstable_line(policy: str, d_k: int, lrs: dict[float, str], runs: list[dict],
+                   kinds: tuple[str, ...] = ()) -> str:
     def listed(standing: str) -> str:
         return ", ".join(f"{lr:.3g}" for lr, s in lrs.items() if s == standing)
-    unknown = listed(UNKNOWN)
-    return (f"{policy}, d_k={d_k}: smooth at LR {listed(SMOOTH) or 'none'}; "
+    unknown, smooth = listed(UNKNOWN), listed(SMOOTH)
+    label = ("smooth" if not kinds else
+             "no run " + " or ".join(k.replace("_", " ") for k in kinds))
+    return (f"{policy}, d_k={d_k}: {label} " + (f"at LR {smooth}; " if smooth else "at no LR; ")
             + (f"unknown at LR {unknown} (runs without a result); " if unknown else "")
             + _failure_counts(runs))
 
 
 def _judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verdict:
     rows = [r for r in rows if r["policy"] in rule.policies and r["d_k"] >= rule.min_d_k]
-    standings = _lr_standings(rows)
+    standings = _lr_standings(rows, rule.kinds)
     numbers = tuple(_unstable_line(policy, d_k, lrs, [r for r in rows
-                                                      if (r["policy"], r["d_k"]) == (policy, d_k)])
+                                                      if (r["policy"], r["d_k"]) == (policy, d_k)],
+                                   rule.kinds)
                     for (policy, d_k), lrs in standings.items())
     if not standings:
         return Verdict("inconclusive", "no runs of these policies", numbers)
@@ -347,8 +357,9 @@ def _judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Ver
 
 
 def _flatten(claim: Claim, rows: list[dict]) -> tuple[object, list[dict]]:
-    """The claim's rule and rows with Arms resolved to the rule over relabelled rows."""
-    if isinstance(claim.rule, Arms):
+    """The claim's rule and rows with Arms resolved to the rule over relabelled rows, Within to
+    the rule over its runs."""
+    if isinstance(claim.rule, (Arms, Within)):
         return claim.rule.rule, claim.rule.rows(rows)
     return claim.rule, rows
 
