@@ -145,17 +145,34 @@ def sweep(arg: str | None = None) -> list[dict]:
     return points
 
 
+# The d_k ranges the exponent claims are stated over: the small d_k, well below d_model
+# (cpu: 8–32 at d_model 128), and the large ones, where the init's share of the logits fades and
+# (cpu) d_k reaches d_model. None: the variant has fewer than four d_k.
+RANGES = {"cpu": ((8, 32), (64, 256)), None: ((16, 64), (128, 1024)), "quick": ()}
+
+
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
-    """Per init: α within −1/2 ± 0.25 (closer to −1/2 than to −1 or 0); the alternative, α
-    within −1 ± 0.25 (μP's 1/d_k); and α the same early and at the end within ±0.25."""
+    """Per init and d_k range: α within −1/2 ± 0.25 (closer to −1/2 than to −1 or 0) and the
+    alternative, α within −1 ± 0.25 (μP's 1/d_k); one power law over all d_k (the local α moves
+    by less than ±0.25); 1/√d_k within 0.02 bits per byte of the best c at every d_k; and α the
+    same early and at the end within ±0.25."""
     out = []
     for init in SIZES[arg][-1]:
+        for d_k_range in RANGES[arg] or (None,):
+            where = "" if d_k_range is None else f", d_k {d_k_range[0]}–{d_k_range[1]}"
+            out.append(claims_lib.Claim(
+                f"The optimal scale is ∝ d_k^(−1/2) ({init} init{where})",
+                exponent.Exponent(init, d_k_range=d_k_range), source="article §2.3"))
+            out.append(claims_lib.Claim(
+                f"The optimal scale is ∝ d_k^(−1), μP's 1/d_k ({init} init{where})",
+                exponent.Exponent(init, expected=-1.0, d_k_range=d_k_range),
+                source="Yang et al. 2022"))
         out.append(claims_lib.Claim(
-            f"The optimal scale is ∝ d_k^(−1/2) ({init} init)", exponent.Exponent(init),
-            source="article §2.3"))
+            f"One power law describes the optimal scale over every d_k run ({init} init)",
+            exponent.OnePowerLaw(init), source="issue 53"))
         out.append(claims_lib.Claim(
-            f"The optimal scale is ∝ d_k^(−1), μP's 1/d_k ({init} init)",
-            exponent.Exponent(init, expected=-1.0), source="Yang et al. 2022"))
+            f"1/√d_k is within 0.02 bits per byte of the best scale at every d_k ({init} init)",
+            exponent.ScaleCost(init), source="article §2.3"))
         out.append(claims_lib.Claim(
             f"The optimal scale's exponent is the same halfway through training and at the end "
             f"({init} init)", exponent.ExponentShift(init), source="issue 29"))

@@ -66,7 +66,7 @@ import numpy as np
 from experiments import base
 from scale_ablation.analysis import claims as claims_lib
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import exponent
+from scale_ablation.analysis import exponent, intervals
 
 NORM = "qk_rmsnorm_nogain"  # q, k divided by their RMS over the head, no gain
 FROM_SQRT = f"{NORM}+learned"  # the learned scale, started at 1/√d_k
@@ -128,13 +128,21 @@ def scale_at_best_lr(rows: list[dict], policy: str,
 
 def slope_intervals(points: dict[int, list[float]], n_boot: int = 1000, seed: int = 0,
                     ) -> tuple[float, tuple[float, float] | None, tuple[float, float] | None]:
-    """(OLS slope of y on log d_k over every run, its t interval on N − 2 degrees of freedom,
-    a percentile bootstrap over seeds: each d_k's runs resampled with replacement)."""
+    """(OLS slope of y on log d_k over every run, its t interval from the d_k means on
+    (number of d_k) − 2 degrees of freedom, a percentile bootstrap over seeds: each d_k's runs
+    resampled with replacement). The t interval's degrees of freedom follow the independent
+    d_k means, not the runs: seeds at one d_k share its deviation from the line, so N − 2 over
+    the runs would count a bend as noise averaged away (issue 54)."""
     d_ks = sorted(points)
     x = np.concatenate([np.full(len(points[d]), math.log(d)) for d in d_ks])
     y = np.concatenate([np.asarray(points[d], float) for d in d_ks])
-    slope, _, se = exponent.ols(x, y)
-    t_ci = exponent.t_interval(slope, se, len(x) - 2)
+    slope, _, _ = exponent.ols(x, y)
+    means = np.array([np.mean(points[d]) for d in d_ks])
+    _, _, se = exponent.ols(np.log(np.array(d_ks, float)), means)
+    t_ci = None
+    if se is not None:
+        half = intervals.t_quantile(len(d_ks) - 2, 0.95) * se
+        t_ci = (slope - half, slope + half)
     if min(len(v) for v in points.values()) < 2:
         return slope, t_ci, None
     rng = np.random.default_rng(seed)
@@ -150,8 +158,8 @@ def slope_intervals(points: dict[int, list[float]], n_boot: int = 1000, seed: in
 @dataclasses.dataclass(frozen=True)
 class ScaleExponent:
     """Claim: the learned scale of `policy` ends ∝ d_k^expected. Supported when the 95% interval
-    of the slope of log s on log d_k (the union of the regression's t interval over the runs and
-    a bootstrap over seeds) excludes −1 and 0 and lies within expected ± margin; contradicted
+    of the slope of log s on log d_k (the union of the regression's t interval over the d_k means
+    and a bootstrap over seeds) excludes −1 and 0 and lies within expected ± margin; contradicted
     when it lies wholly outside; otherwise, or with a d_k whose best LR is on its grid's edge,
     or fewer than three d_k, inconclusive. A decision by interval at 95%, not part of the Holm
     family (as `exponent.Exponent`)."""

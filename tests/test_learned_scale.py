@@ -140,9 +140,13 @@ def test_the_slope_and_its_t_interval_are_scipys():
     at_best = [r for r in rows if r["lr"] == LRS[1]]
     fit = scipy.stats.linregress([math.log(r["d_k"]) for r in at_best],
                                  [math.log(r["final_learned_scale"]) for r in at_best])
+    # The t interval's spread and degrees of freedom are the d_k means' (one point per d_k).
+    means = [np.mean([math.log(r["final_learned_scale"]) for r in at_best if r["d_k"] == d])
+             for d in D_KS]
+    on_means = scipy.stats.linregress(np.log(D_KS), means)
     slope, t_ci, boot_ci = study.slope_intervals(located)
-    half = scipy.stats.t.ppf(0.975, len(at_best) - 2) * fit.stderr
-    assert slope == pytest.approx(fit.slope)
+    half = scipy.stats.t.ppf(0.975, len(D_KS) - 2) * on_means.stderr
+    assert slope == pytest.approx(fit.slope) == pytest.approx(on_means.slope)
     assert t_ci == pytest.approx((fit.slope - half, fit.slope + half))
     assert boot_ci[0] < slope < boot_ci[1]
 

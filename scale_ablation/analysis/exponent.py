@@ -5,26 +5,25 @@ If the best scale is ∝ d_k^α, then c* = scale·√d_k ∝ d_k^(α + 1/2): the
 log d_k is α + 1/2. α = −1/2 (1/√d_k, the article) gives slope 0; α = −1 (1/d_k, μP) slope −1/2;
 α = 0 (no divisor) slope +1/2.
 
-Rules, stated once:
+Rules, stated once (the located optimum and its interval are analysis/located.py's, whose
+docstring gives the method and its measured coverage):
 
-- **Each c at its best LR.** For each (init, d_k, c) the learning rate of lowest mean validation
-  metric over seeds (`optimum.fit_optimum`'s best grid point: the runs exist there, not at the
-  fitted vertex); every seed's value at that LR is the c's point. An LR at which any seed has no
-  finite value ranks below every finished one (optimum.py's rule). The LR is chosen once on all
-  seeds and kept in the bootstrap (the LR choice's own noise is not resampled).
-- **c* per d_k** is `optimum.fit_optimum` over log c (the parabola's vertex through the best c
-  and its neighbours), with its percentile bootstrap CI over seeds. A best c on the grid's edge
-  is a bound, not a location: the fit is then not established (the verdict inconclusive) and
-  `optimum.refine_points` says which c to run next. So is a best c whose own LR, or a
-  neighbour's, sat on its LR grid's edge (a wider LR grid could move that point of the curve).
-- **The slope** is the ordinary least-squares slope of log c* on log d_k over the d_k whose c*
-  is interior. Two 95% intervals: a percentile bootstrap over seeds (each d_k's seeds resampled
-  independently, c* refitted, the slope refitted: the seeds' noise) and the regression's
-  Student-t interval on n − 2 degrees of freedom (the scatter of the c* about the line, which
-  also holds the ×2 grid's discretisation and any bend). The decision uses their union, so that
-  neither source is ignored. With fewer than three d_k there is no t interval, and fewer than
-  two seeds leave no bootstrap: no decision.
-- **α = slope − 1/2**, its interval the slope's shifted.
+- **c* per d_k** is `located.locate` over the (c, LR) grid: each c at its own best LR (lowest
+  mean over seeds), the best c refined by the parabola in ln c through it and its neighbours.
+  Its interval re-makes both choices, the LR of every c and the best c, in every posterior draw
+  of the grid's means (the LR choice is part of the interval). A best c on the grid's edge is a
+  bound, not a location: the fit is then not established (the verdict inconclusive) and the
+  numbers name the c to run next. So is a best c whose own LR, or a neighbour's, sat on its LR
+  grid's edge (a wider LR grid could move that point of the curve).
+- **The slope** is the least-squares slope of log c* on log d_k over the d_k whose c* is
+  located (optionally within a d_k range: the claims state −1/2 and −1 per range), its interval
+  the slope refitted on every joint draw (`located.fit_slope`). α = slope − 1/2.
+- **The curve**: log c* as a quadratic in log d_k (`located.fit_curve`): its curvature and the
+  local α at each d_k, each with its interval from the same draws. One power law is adequate
+  when the local slope changes by less than the exponent claims' margin across the range.
+- **Tolerance**: per d_k the range of c whose loss (each c at its best LR) is within a margin of
+  the best, and what c = 1 (1/√d_k) and c = d_k^(-1/2) (1/d_k) cost there, in the metric's
+  units (`located.tolerance`).
 """
 
 from __future__ import annotations
@@ -36,13 +35,12 @@ from collections import defaultdict
 import numpy as np
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import intervals, optimum
+from scale_ablation.analysis import located, optimum
 from scale_ablation.analysis.claims import Verdict
 from scale_ablation.model import scale_family
 
 INIT = "override:model.init"
 DEFAULT_INIT = "fan_in"  # experiments/base.py's model.init
-N_BOOT = 1000
 CONFIDENCE = 0.95
 
 
@@ -128,26 +126,15 @@ def ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float | None]:
     return float(slope), float(intercept), se
 
 
-def t_interval(value: float, se: float | None, df: int,
-               confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    if se is None or df < 1:
-        return None
-    half = intervals.t_quantile(df, confidence) * se
-    return value - half, value + half
-
-
 @dataclasses.dataclass(frozen=True)
 class ExponentFit:
-    """The fit of one (init, metric): c* per d_k, the slope of log c* on log d_k, and α."""
+    """The fit of one (init, metric): c* per d_k and the slope of log c* on log d_k."""
 
     init: str
-    optima: dict[int, optimum.Optimum]  # d_k -> located c*
+    optima: dict[int, located.Located]  # d_k -> located c*
     unsettled: dict[int, str]  # d_k -> why its c* is not a location (edge, LR edge)
-    slope: float | None  # over the interior d_k
-    slope_se: float | None  # the regression's standard error (None below three d_k)
-    slope_ci_bootstrap: tuple[float, float] | None
-    n_seeds: int
-    boot_slopes: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
+    slope_fit: located.Slope | None  # over the settled d_k (None below two)
+    n_seeds: int  # the fewest seeds of a settled d_k
     confidence: float = CONFIDENCE
 
     @property
@@ -156,16 +143,12 @@ class ExponentFit:
         return [d for d in sorted(self.optima) if d not in self.unsettled]
 
     @property
-    def slope_ci_t(self) -> tuple[float, float] | None:
-        return t_interval(self.slope, self.slope_se, len(self.settled) - 2, self.confidence)
+    def slope(self) -> float | None:
+        return None if self.slope_fit is None else self.slope_fit.slope
 
     @property
     def slope_ci(self) -> tuple[float, float] | None:
-        """The decision interval: the union of the bootstrap and the t interval (both needed)."""
-        if self.slope_ci_bootstrap is None or self.slope_ci_t is None:
-            return None
-        return (min(self.slope_ci_bootstrap[0], self.slope_ci_t[0]),
-                max(self.slope_ci_bootstrap[1], self.slope_ci_t[1]))
+        return None if self.slope_fit is None else self.slope_fit.ci
 
     @property
     def alpha(self) -> float | None:
@@ -176,68 +159,42 @@ class ExponentFit:
         ci = self.slope_ci
         return None if ci is None else (ci[0] - 0.5, ci[1] - 0.5)
 
+    def curve(self) -> located.Curve | None:
+        """The quadratic in log d_k over the settled d_k (None below three)."""
+        settled = {d: self.optima[d] for d in self.settled}
+        return located.fit_curve(settled, self.confidence) if len(settled) >= 3 else None
 
-def why_unsettled(curve: CCurve, found: optimum.Optimum) -> str | None:
+
+def why_unsettled(found: located.Located) -> str | None:
     """Why `found` is not a location of c* (a bound, not an optimum), or None when it is."""
-    if not found.interior:
-        more = ", ".join(f"{c:.3g}" for c in optimum.refine_points(curve.cs, found.mean_losses))
-        return f"best c {found.best_lr:g} on the grid's {found.edge} edge (run c = {more})"
-    if lr_edge_near(curve, found):
+    if found.edge is not None:
+        grid = found.grid
+        beyond = grid[0] ** 2 / grid[1] if found.edge == "low" else grid[-1] ** 2 / grid[-2]
+        return f"best c {found.best[0]:g} on the grid's {found.edge} edge (run c = {beyond:.3g})"
+    if found.nuisance_edge:
         return "the best c or a neighbour took its LR from its LR grid's edge"
     return None
 
 
-def _matrix(curve: CCurve) -> np.ndarray:
-    """[seeds, cs] values, nan for a run without a finite value."""
-    return np.array([[np.nan if v is None else v for v in values]
-                     for values in curve.losses_by_seed.values()], dtype=float)
+def init_rows(rows: list[dict], init: str, d_k_range: tuple[int, int] | None = None
+              ) -> list[dict]:
+    """The rows of one init, within `d_k_range` (inclusive) when given."""
+    low, high = d_k_range or (0, math.inf)
+    return [r for r in rows if init_of(r) == init and low <= r["d_k"] <= high]
 
 
-def bootstrap_slopes(curves: dict[int, CCurve], n_boot: int = N_BOOT,
-                     seed: int = 0) -> np.ndarray:
-    """The slope of log c* on log d_k refitted on `n_boot` resamples: each d_k's seeds drawn
-    with replacement, independently (different d_k are different runs), c* refitted."""
-    rng = np.random.default_rng(seed)
-    d_ks = sorted(curves)
-    x = np.log(np.array(d_ks, dtype=float))
-    matrices = [_matrix(curves[d]) for d in d_ks]
-    slopes = np.empty(n_boot)
-    for b in range(n_boot):
-        log_c = []
-        for d_k, matrix in zip(d_ks, matrices, strict=True):
-            draw = matrix[rng.integers(0, matrix.shape[0], matrix.shape[0])]
-            losses = {i: [None if math.isnan(v) else v for v in row] for i, row in enumerate(draw)}
-            log_c.append(math.log(optimum.fit_optimum(curves[d_k].cs, losses, n_boot=0).lr_star))
-        slopes[b] = np.polyfit(x, np.array(log_c), 1)[0]
-    return slopes
-
-
-def fit(rows: list[dict], init: str, key: str = "final_val_bpb", *, n_boot: int = N_BOOT,
+def fit(rows: list[dict], init: str, key: str = "final_val_bpb", *,
+        d_k_range: tuple[int, int] | None = None, n_draws: int = located.N_DRAWS,
         seed: int = 0, confidence: float = CONFIDENCE) -> ExponentFit:
     """The exponent fit of one init's runs, `key` choosing each c's LR and locating c*."""
-    curves = c_curves(rows, init, key)
-    optima, unsettled = {}, {}
-    for d_k, curve in curves.items():
-        if (found := locate(curve, seed=seed)) is None:
-            unsettled[d_k] = "no c has a finite value"
-            continue
-        optima[d_k] = found
-        if (why := why_unsettled(curve, found)) is not None:
-            unsettled[d_k] = why
-    settled = {d: curves[d] for d in optima if d not in unsettled}
-    n_seeds = min((len(c.losses_by_seed) for c in settled.values()), default=0)
-    if len(settled) < 2:
-        return ExponentFit(init, optima, unsettled, None, None, None, n_seeds)
-    x = np.log(np.array(sorted(settled), dtype=float))
-    y = np.log(np.array([optima[d].lr_star for d in sorted(settled)]))
-    slope, _, se = ols(x, y)
-    boot, boot_ci = None, None
-    if n_seeds >= 2 and n_boot > 0:
-        boot = bootstrap_slopes(settled, n_boot, seed)
-        tail = 100 * (1 - confidence) / 2
-        low, high = np.percentile(boot, [tail, 100 - tail])
-        boot_ci = (float(low), float(high))
-    return ExponentFit(init, optima, unsettled, slope, se, boot_ci, n_seeds, boot, confidence)
+    optima, missing, _ = located.exponent_fit(init_rows(rows, init, d_k_range), key,
+                                              n_draws=n_draws, seed=seed, confidence=confidence)
+    unsettled = {**{d: f"no c* ({why})" for d, why in missing.items()},
+                 **{d: why for d, o in optima.items() if (why := why_unsettled(o)) is not None}}
+    settled = {d: o for d, o in optima.items() if d not in unsettled}
+    n_seeds = min((o.n_seeds for o in settled.values()), default=0)
+    slope = located.fit_slope(settled, confidence) if len(settled) >= 2 else None
+    return ExponentFit(init, optima, dict(sorted(unsettled.items())), slope, n_seeds, confidence)
 
 
 # --------------------------------------------------------------------------- the claims' rules
@@ -249,27 +206,41 @@ def _ci_text(ci: tuple[float, float] | None) -> str:
     return "n/a" if ci is None else f"[{ci[0]:+.3f}, {ci[1]:+.3f}]"
 
 
+def _c_ci_text(found: located.Located) -> str:
+    """c*'s interval; an end beyond the grid is written as a bound past its edge."""
+    low, high = found.log_ci
+    left = f"< {found.grid[0]:.3g}" if low == -math.inf else f"{math.exp(low):.3g}"
+    right = f"> {found.grid[-1]:.3g}" if high == math.inf else f"{math.exp(high):.3g}"
+    return f"[{left}, {right}]"
+
+
+def _range_text(d_k_range: tuple[int, int] | None) -> str:
+    return "" if d_k_range is None else f" over d_k {d_k_range[0]}–{d_k_range[1]}"
+
+
 def fit_lines(found: ExponentFit, label: str = "") -> list[str]:
     """The numbers of one fit: c* per d_k, then the slope and α with their intervals."""
     head = f"{found.init}{label}"
     lines = []
     for d_k, o in sorted(found.optima.items()):
-        ci = "" if o.lr_ci is None else f" [{o.lr_ci[0]:.3g}, {o.lr_ci[1]:.3g}]"
         why = found.unsettled.get(d_k)
-        lines.append(f"{head} d_k={d_k}: c* {o.lr_star:.3g}{ci} at {o.loss_star:.4f}"
+        lines.append(f"{head} d_k={d_k}: c* {o.star:.3g} {_c_ci_text(o)} (best c {o.best[0]:g} "
+                     f"at LR {o.best[1]:.3g}; {o.n_seeds} seeds)"
                      + (f" — not a location: {why}" if why else ""))
+    lines += [f"{head} d_k={d}: {why}" for d, why in found.unsettled.items()
+              if d not in found.optima]
     if found.slope is None:
         return [*lines, f"{head}: fewer than two d_k with a located c*: no slope"]
     lines.append(f"{head}: slope of log c* on log d_k {found.slope:+.3f} over d_k "
-                 f"{found.settled} ({found.n_seeds} seeds); 95% bootstrap over seeds "
-                 f"{_ci_text(found.slope_ci_bootstrap)}, regression t "
-                 f"{_ci_text(found.slope_ci_t)}; α = {found.alpha:+.3f}, CI (union) "
+                 f"{found.settled} ({found.n_seeds} seeds), 95% CI {_ci_text(found.slope_ci)} "
+                 f"(the LR and c* re-chosen in every draw); α = {found.alpha:+.3f}, CI "
                  f"{_ci_text(found.alpha_ci)}")
     return lines
 
 
 # The exponents the question is between: μP's 1/d_k, 1/√d_k, no divisor.
 CANDIDATES = (-1.0, -0.5, 0.0)
+MARGIN = 0.25  # half the distance between neighbouring candidates
 
 
 def _signed(value: float) -> str:
@@ -283,27 +254,30 @@ def _placed(ci: tuple[float, float], low: float, high: float) -> str:
     return "outside" if ci[1] < low or ci[0] > high else "across"
 
 
-@dataclasses.dataclass(frozen=True)
-class Exponent:
-    """Claim: with `init`, the optimal scale is ∝ d_k^expected, one of the `CANDIDATES`
-    (−1: μP's 1/d_k; −1/2: 1/√d_k; 0: no divisor). Supported when the CI of α excludes the
-    other candidates and lies within expected ± margin; contradicted when it lies wholly
-    outside expected ± margin; otherwise (an interval across the band's edge, a c* on its
-    grid's edge, too few seeds or d_k) inconclusive. The default margin, 0.25, is half the
-    distance between neighbouring candidates: an interval inside it is closer to `expected`
-    than to either neighbour. Not part of the study's Holm family: a decision by interval, at
-    95%."""
-
-    init: str
-    expected: float = -0.5
-    margin: float = 0.25
-    metric: str = "final_val_bpb"  # chooses each c's LR and locates c* (validation)
+class _Family:
+    """The family's member every grid runs (C = 1), for checks that claims name run policies."""
 
     @property
     def policies(self) -> tuple[str, ...]:
-        """The family's member every grid runs (C = 1), for checks that claims name run
-        policies."""
         return ("inv_sqrt_dk",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exponent(_Family):
+    """Claim: with `init` (over `d_k_range`, inclusive, when given), the optimal scale is
+    ∝ d_k^expected, one of the `CANDIDATES` (−1: μP's 1/d_k; −1/2: 1/√d_k; 0: no divisor).
+    Supported when the CI of α excludes the other candidates and lies within expected ± margin;
+    contradicted when it lies wholly outside expected ± margin; otherwise (an interval across
+    the band's edge, a c* on its grid's edge, too few seeds or d_k) inconclusive. The default
+    margin, 0.25, is half the distance between neighbouring candidates: an interval inside it
+    is closer to `expected` than to either neighbour. Not part of the study's Holm family: a
+    decision by interval, at 95%."""
+
+    init: str
+    expected: float = -0.5
+    margin: float = MARGIN
+    metric: str = "final_val_bpb"  # chooses each c's LR and locates c* (validation)
+    d_k_range: tuple[int, int] | None = None
 
     @property
     def others(self) -> tuple[float, ...]:
@@ -313,18 +287,19 @@ class Exponent:
         others = " and ".join(_signed(c) for c in self.others)
         return (f"supported if the 95% CI of α (optimal scale ∝ d_k^α; α = slope of log c* on "
                 f"log d_k − 1/2, c* the best c of c·d_k^(-1/2), each c at its best LR, "
-                f"{self.metric}) excludes {others} and lies within {_signed(self.expected)} ± "
-                f"{self.margin:g}, init {self.init} (analysis/exponent.py states the fit)")
+                f"{self.metric}{_range_text(self.d_k_range)}) excludes {others} and lies "
+                f"within {_signed(self.expected)} ± {self.margin:g}, init {self.init} "
+                "(analysis/exponent.py states the fit)")
 
     def judge(self, rows: list[dict]) -> Verdict:
-        found = fit(rows, self.init, self.metric)
+        found = fit(rows, self.init, self.metric, d_k_range=self.d_k_range)
         numbers = tuple(fit_lines(found))
         ci = found.alpha_ci
+        if found.unsettled:  # a bound is no location: refine the grid (the numbers say how)
+            return Verdict("inconclusive", "some d_k's c* is not a location", numbers)
         if ci is None:
             return Verdict("inconclusive", "no interval for α (too few located c*, d_k or "
                            "seeds)", numbers)
-        if found.unsettled:  # a bound is no location: refine the grid (the numbers say how)
-            return Verdict("inconclusive", "some d_k's c* is not a location", numbers)
         place = _placed(ci, self.expected - self.margin, self.expected + self.margin)
         if place == "outside":
             return Verdict("contradicted", f"α's CI {_ci_text(ci)} lies outside "
@@ -338,54 +313,146 @@ class Exponent:
                        f"or holds {others}", numbers)
 
 
-def shift_interval(early: ExponentFit, final: ExponentFit) -> tuple[float, float] | None:
-    """The 95% interval of Δα = α_final − α_early: the union of a paired bootstrap (the same
-    seed draws at both budgets: the same runs, read at two steps) and a t interval whose
-    standard error treats the two slopes as independent (the snapshots of one run are
-    positively correlated, so this overstates the spread: conservative)."""
-    if (early.slope is None or final.slope is None or early.settled != final.settled
-            or early.boot_slopes is None or final.boot_slopes is None
-            or len(early.boot_slopes) != len(final.boot_slopes)):
-        return None
-    if early.slope_se is None or final.slope_se is None:
-        return None
-    delta = final.slope - early.slope
-    tail = 100 * (1 - final.confidence) / 2
-    low, high = np.percentile(final.boot_slopes - early.boot_slopes, [tail, 100 - tail])
-    se = math.hypot(early.slope_se, final.slope_se)
-    t_low, t_high = t_interval(delta, se, len(final.settled) - 2, final.confidence)
-    return float(min(low, t_low)), float(max(high, t_high))
+@dataclasses.dataclass(frozen=True)
+class OnePowerLaw(_Family):
+    """Claim: with `init`, one power law describes c* over the d_k run: log c* is straight in
+    log d_k. The quadratic's curvature b₂ changes the local slope by 2·b₂·(span of ln d_k)
+    across the range; supported when that change's CI lies within ±margin (the exponent claims'
+    margin: a bend too small to move α between candidates), contradicted when it lies wholly
+    outside, inconclusive otherwise or with fewer than three located d_k."""
+
+    init: str
+    margin: float = MARGIN
+    metric: str = "final_val_bpb"
+
+    def describe(self) -> str:
+        return (f"supported if the local α of log c* on log d_k (a quadratic; located.py's "
+                f"draws) changes by less than ±{self.margin:g} across the d_k run (95% CI), "
+                f"contradicted if by more, init {self.init}, {self.metric}")
+
+    def judge(self, rows: list[dict]) -> Verdict:
+        found = fit(rows, self.init, self.metric)
+        numbers = list(fit_lines(found))
+        if found.unsettled or (curve := found.curve()) is None:
+            return Verdict("inconclusive", "fewer than three d_k with a located c*, or some "
+                           "d_k's c* is not a location", tuple(numbers))
+        span = math.log(max(found.settled) / min(found.settled))
+        change = tuple(2 * span * end for end in curve.curvature_ci)
+        numbers += [f"{self.init}: curvature of log c* in log d_k {curve.curvature:+.3f}, CI "
+                    f"{_ci_text(curve.curvature_ci)}: α changes by {2 * span * curve.curvature:+.3f}"
+                    f" {_ci_text(change)} from d_k {min(found.settled)} to {max(found.settled)}",
+                    f"{self.init}: local α " + "; ".join(
+                        f"d_k={d}: {s - 0.5:+.2f} {_ci_text((ci[0] - 0.5, ci[1] - 0.5))}"
+                        for d, (s, ci) in curve.local_slopes.items())]
+        place = _placed(change, -self.margin, self.margin)
+        verdict = {"inside": "supported", "outside": "contradicted"}.get(place, "inconclusive")
+        return Verdict(verdict, f"α's change across d_k, CI {_ci_text(change)}, is {place} "
+                       f"±{self.margin:g}", tuple(numbers))
 
 
 @dataclasses.dataclass(frozen=True)
-class ExponentShift:
+class ScaleCost(_Family):
+    """Claim: with `init`, the scale c·d_k^(-1/2) at c = `c` (1: 1/√d_k) costs less than
+    `margin` (in the metric's units) against the best c at every d_k, each c at its own best
+    LR. Supported when every d_k's cost CI lies below the margin (an equivalence by interval),
+    contradicted when some d_k's lies wholly above it, inconclusive otherwise. The intervals
+    are Bonferroni's over the d_k (each at 1 − 0.05/n), so that "some d_k" is not the best of n
+    chances. The numbers give
+    per d_k the range of c within the margin and within the study's noise floor, and the cost
+    of 1/√d_k and of 1/d_k (c = d_k^(-1/2), where the grid has it)."""
+
+    init: str
+    c: float = 1.0
+    margin: float = 0.02
+    metric: str = "final_val_bpb"
+
+    def describe(self) -> str:
+        return (f"supported if c = {self.c:g} (scale {self.c:g}/√d_k) is within {self.margin:g} "
+                f"of the best c at every d_k, contradicted if it is not at some d_k (the cost's "
+                f"CI, Bonferroni over the d_k; each c at its best LR, LR and best c re-chosen in "
+                f"every draw), init {self.init}, {self.metric}")
+
+    def judge(self, rows: list[dict]) -> Verdict:
+        grids = located.c_grids(init_rows(rows, self.init), self.metric)
+        floor = cmp.noise_floor(init_rows(rows, self.init), "inv_sqrt_dk", self.metric)
+        numbers, above, unknown = [], [], []
+        confidence = 1 - (1 - CONFIDENCE) / max(len(grids), 1)
+        for d_k, grid in sorted(grids.items()):
+            try:
+                line, cost = _tolerance_line(grid, d_k, self.c, self.margin, floor, confidence)
+            except ValueError as error:
+                numbers.append(f"{self.init} d_k={d_k}: no tolerance ({error})")
+                unknown.append(d_k)
+                continue
+            numbers.append(f"{self.init} " + line)
+            if cost is None or cost[1] >= self.margin:
+                (above if cost is not None and cost[0] >= self.margin else unknown).append(d_k)
+        numbers = tuple(numbers)
+        if not grids:
+            return Verdict("inconclusive", "no runs of the family", numbers)
+        if above:
+            return Verdict("contradicted", f"c = {self.c:g} costs more than {self.margin:g} at "
+                           f"d_k {above}", numbers)
+        if unknown:
+            return Verdict("inconclusive", f"the cost's CI reaches {self.margin:g} (or c = "
+                           f"{self.c:g} was not run) at d_k {unknown}", numbers)
+        return Verdict("supported", f"c = {self.c:g} is within {self.margin:g} of the best at "
+                       "every d_k", numbers)
+
+
+def _tolerance_line(grid: dict, d_k: int, c: float, margin: float,
+                    floor: cmp.NoiseFloor | None, confidence: float
+                    ) -> tuple[str, tuple[float, float] | None]:
+    """One d_k's tolerance ranges and costs, and the CI of c's cost (None: c not on its grid)."""
+    inv_dk = d_k ** -0.5  # 1/d_k as c·d_k^(-1/2)
+    found = located.tolerance(grid, margin, (c, inv_dk), seed=[d_k, 1], confidence=confidence)
+    parts = [f"d_k={d_k}: c within {margin:g} of the best {_log_range_text(found)}"]
+    if floor is not None:
+        noise = located.tolerance(grid, floor.median, seed=[d_k, 2], confidence=confidence)
+        parts.append(f"within the noise floor ({floor.median:.3f}) {_log_range_text(noise)}")
+    for name, value in (("1/√d_k", c), ("1/d_k", inv_dk)):
+        if value in found.costs:
+            cost, ci = found.costs[value]
+            parts.append(f"{name} costs {cost:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]")
+    cost = found.costs.get(c)
+    return "; ".join(parts), None if cost is None else cost[1]
+
+
+def _log_range_text(found: located.Tolerance) -> str:
+    (low_low, _), (_, high_high) = found.log_range_ci
+    low, high = found.log_range
+    def end(value: float, bound: str) -> str:
+        return bound if not math.isfinite(value) else f"{math.exp(value):.3g}"
+    return (f"{end(low, 'past the grid')}–{end(high, 'past the grid')} (CI of the range's "
+            f"ends: from {end(low_low, 'past the grid')} to {end(high_high, 'past the grid')})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExponentShift(_Family):
     """Claim: with `init`, α is the same at an early budget (`early`, the validation metric
     halfway through each run) and at the end (`final`): supported when the 95% interval of
     Δα = α_final − α_early lies within ±margin, contradicted when it lies wholly outside,
     inconclusive otherwise or when either fit is unsettled or the two fits use different d_k.
-    Each budget chooses its own LR and c*. The early point is a snapshot of the same runs,
+    Each budget chooses its own LR and c*. The interval is of the difference of independent
+    draws of the two fits: the two budgets are snapshots of the same runs, positively
+    correlated, so it overstates the spread (conservative). The early point is a snapshot
     before the cosine schedule has decayed, not a shorter run with its own schedule."""
 
     init: str
     early: str = EARLY_KEY
     final: str = "final_val_bpb"
-    margin: float = 0.25
-
-    @property
-    def policies(self) -> tuple[str, ...]:
-        """The family's member every grid runs (C = 1), for checks that claims name run
-        policies."""
-        return ("inv_sqrt_dk",)
+    margin: float = MARGIN
 
     def describe(self) -> str:
         return (f"supported if α moves by less than ±{self.margin:g} between {self.early} and "
-                f"{self.final} (95% CI of the difference: paired bootstrap over seeds ∪ t), "
-                f"init {self.init}")
+                f"{self.final} (95% CI of the difference of the two fits' draws), init "
+                f"{self.init}")
 
     def judge(self, rows: list[dict]) -> Verdict:
-        early, final = fit(rows, self.init, self.early), fit(rows, self.init, self.final)
+        early = fit(rows, self.init, self.early)
+        final = fit(rows, self.init, self.final, seed=1)
         numbers = [*fit_lines(early, f" ({self.early})"), *fit_lines(final, f" ({self.final})")]
-        ci = None if early.unsettled or final.unsettled else shift_interval(early, final)
+        ci = _shift_interval(early, final)
         if ci is None:
             return Verdict("inconclusive", "α is not located at both budgets on the same d_k",
                            tuple(numbers))
@@ -394,3 +461,14 @@ class ExponentShift:
         verdict = {"inside": "supported", "outside": "contradicted"}.get(place, "inconclusive")
         return Verdict(verdict, f"Δα's CI {_ci_text(ci)} is {place} ±{self.margin:g}",
                        tuple(numbers))
+
+
+def _shift_interval(early: ExponentFit, final: ExponentFit) -> tuple[float, float] | None:
+    """The CI of Δα from the two fits' draws; None unless both are located on the same d_k
+    with bounded slope intervals."""
+    if (early.unsettled or final.unsettled or early.slope_fit is None
+            or final.slope_fit is None or early.settled != final.settled
+            or not all(map(math.isfinite, (*early.slope_ci, *final.slope_ci)))):
+        return None
+    delta = final.slope_fit.draws - early.slope_fit.draws
+    return located.interval(delta, delta, final.confidence)

@@ -4,7 +4,8 @@
   its own best LR (mean over seeds, 95% CI bars where n >= 2), the located c* marked (dashed
   where the claims take it for a bound: a grid or LR edge), the count
   baselines drawn as every report draws them;
-- `c_star_vs_dk.png`: log c* against log d_k per init with its bootstrap CI, the fitted line, and
+- `c_star_vs_dk.png`: log c* against log d_k per init with its CI (analysis/located.py), the fitted line, and
+  the range of c within 0.02 bits per byte of the best as a bar per d_k, and
   the three reference slopes through the fit's centre: 0 (the best scale ∝ 1/√d_k), −1/2 (1/d_k)
   and +1/2 (no divisor).
 
@@ -14,14 +15,18 @@ nothing; the report's `plots.row_plots` adds them.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from matplotlib.figure import Figure
 
-from scale_ablation.analysis import exponent, intervals
+from scale_ablation.analysis import exponent, intervals, located
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.analysis.plot_groups import Grid
 from scale_ablation.model import scale_family
 
+TOLERANCE = 0.02  # bits per byte: exponent.ScaleCost's margin
+N_DRAWS = 400  # the c* lines only need the point estimates: few draws
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per init
 BOUND_STYLE = "--"  # loss_vs_c's c* line where the claims count it as a bound, not a location
 REFERENCES = ((0.0, "slope 0: 1/√d_k (α = −1/2)", "0.3", "--"),
@@ -62,16 +67,17 @@ def plot_loss_vs_c(rows: list[dict], key: str = "final_val_bpb") -> Figure | Non
     for k, (init, by_dk) in enumerate(curves.items()):
         colour = COLOURS[k % len(COLOURS)]
         keys.mark(f"{init} init", color=colour, marker="o")
+        found = exponent.fit(rows, init, key, n_draws=N_DRAWS)
         for d_k, curve in by_dk.items():
             i, j = grid.index(f"d_k = {d_k}", d_k) if grid.wrapped else grid.index(None, d_k)
             ax, _ = axes[i][j], used.add((i, j))
             _draw_curve(ax, curve, colour)
-            if (found := exponent.locate(curve, n_boot=0)) is not None:
+            if (o := found.optima.get(d_k)) is not None:
                 # A c* that the claims do not count (exponent.why_unsettled) is drawn dashed, so
                 # the figure says what claims.md says.
-                bound = exponent.why_unsettled(curve, found) is not None
+                bound = d_k in found.unsettled
                 bounds += bound
-                ax.axvline(found.lr_star, color=colour, linewidth=0.8, alpha=0.6,
+                ax.axvline(o.star, color=colour, linewidth=0.8, alpha=0.6,
                            linestyle=BOUND_STYLE if bound else "-")
     keys.mark("c* (located)", color="0.4", linewidth=0.8)
     if bounds:
@@ -90,19 +96,48 @@ def plot_loss_vs_c(rows: list[dict], key: str = "final_val_bpb") -> Figure | Non
                        + ("\n95% CI where n ≥ 2" if n > 1 else ""))
 
 
+def _clipped_ci(o: located.Located) -> tuple[float, float, bool]:
+    """c*'s interval with an end beyond the grid drawn at the grid's edge (and flagged)."""
+    low, high = o.ci
+    return max(low, o.grid[0]), min(high, o.grid[-1]), not o.bounded
+
+
+def _tolerance_bars(ax, rows: list[dict], init: str, key: str, colour: str) -> None:
+    """Per d_k, the c whose loss (each at its best LR) is within TOLERANCE of the best: a
+    translucent bar, cut at the grid where the range reaches past it."""
+    for d_k, grid in located.c_grids(exponent.init_rows(rows, init), key).items():
+        try:
+            found = located.tolerance(grid, TOLERANCE, n_draws=N_DRAWS)
+        except ValueError:  # no finished c, or one seed
+            continue
+        cs = [p[0] for p in grid]
+        low, high = (math.exp(max(found.log_range[0], math.log(min(cs)))),
+                     math.exp(min(found.log_range[1], math.log(max(cs)))))
+        ax.plot([d_k, d_k], [low, high], color=colour, linewidth=6, alpha=0.15,
+                solid_capstyle="butt")
+
+
 def _fit_line(ax, found: exponent.ExponentFit, colour: str) -> tuple[float, float] | None:
     d_ks = sorted(found.optima)
-    stars = [found.optima[d].lr_star for d in d_ks]
-    low = [s - (found.optima[d].lr_ci or (s, s))[0] for d, s in zip(d_ks, stars, strict=True)]
-    high = [(found.optima[d].lr_ci or (s, s))[1] - s for d, s in zip(d_ks, stars, strict=True)]
-    ax.errorbar(d_ks, stars, yerr=[low, high], color=colour, marker="o", linestyle="none",
-                capsize=2)
+    stars = [found.optima[d].star for d in d_ks]
+    cis = [_clipped_ci(found.optima[d]) for d in d_ks]
+    ax.errorbar(d_ks, stars, yerr=[[s - ci[0] for s, ci in zip(stars, cis, strict=True)],
+                                   [ci[1] - s for s, ci in zip(stars, cis, strict=True)]],
+                color=colour, marker="o", linestyle="none", capsize=2)
+    # An interval that reaches past the grid: an open triangle at the edge it reaches.
+    for d, ci in zip(d_ks, cis, strict=True):
+        o = found.optima[d]
+        if ci[2]:
+            ends = [e for e, inf in ((ci[0], o.log_ci[0] == -math.inf),
+                                     (ci[1], o.log_ci[1] == math.inf)) if inf]
+            ax.plot([d] * len(ends), ends, "^", color=colour, markerfacecolor="none",
+                    markersize=6)
     edges = [d for d in d_ks if d in found.unsettled]
-    ax.plot(edges, [found.optima[d].lr_star for d in edges], "x", color=colour, markersize=9)
+    ax.plot(edges, [found.optima[d].star for d in edges], "x", color=colour, markersize=9)
     if found.slope is None:
         return None
     x = np.log(np.array(found.settled, dtype=float))
-    y = np.log(np.array([found.optima[d].lr_star for d in found.settled]))
+    y = np.log(np.array([found.optima[d].star for d in found.settled]))
     centre = (float(x.mean()), float(y.mean()))
     span = np.array([min(d_ks), max(d_ks)], dtype=float)
     ax.plot(span, np.exp(centre[1] + found.slope * (np.log(span) - centre[0])), color=colour)
@@ -127,15 +162,22 @@ def plot_c_star(rows: list[dict], key: str = "final_val_bpb") -> Figure | None:
     keys, d_ks = _keys(), sorted({d for f in fits for d in f.optima})
     for k, found in enumerate(fits):
         ax, colour = axes[0][k], COLOURS[k % len(COLOURS)]
-        keys.mark("c* (95% bootstrap CI) and the OLS fit", color="0.2", marker="o")
+        keys.mark("c* (95% CI, LR re-chosen) and the OLS fit", color="0.2", marker="o")
+        keys.mark(f"c within {TOLERANCE:g} bits per byte of the best", color="0.2",
+                  linewidth=6, alpha=0.15)
+        if any(not o.bounded for o in found.optima.values()):
+            keys.mark("△: CI reaches past the grid's c", color="0.2", marker="^",
+                      linestyle="none", markerfacecolor="none")
+        _tolerance_bars(ax, rows, found.init, key, colour)
         if (centre := _fit_line(ax, found, colour)) is not None:
             _references(ax, centre, d_ks, keys)
         if found.unsettled:
             keys.mark("x: c* not a location (grid edge)", color="0.2", marker="x",
                       linestyle="none")
+        ci = found.alpha_ci
         alpha = ("no fit" if found.alpha is None else f"α = {found.alpha:+.2f} "
-                 + ("" if found.alpha_ci is None else
-                    f"[{found.alpha_ci[0]:+.2f}, {found.alpha_ci[1]:+.2f}]"))
+                 + ("" if ci is None else "CI past the grid" if not all(map(math.isfinite, ci))
+                    else f"[{ci[0]:+.2f}, {ci[1]:+.2f}]"))
         ax.set_title(f"{found.init} init: {alpha}", fontsize=9)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)

@@ -228,6 +228,25 @@ def _nuisance_edge(coords: np.ndarray, means: np.ndarray, at: int, window: int) 
     return False
 
 
+def n_seeds_of(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]]) -> int:
+    return len({s for by_seed in by_point.values() for s in by_seed})
+
+
+def _posterior(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]], n_draws: int,
+               seed: int | Sequence[int]) -> tuple:
+    """(points [P, k], their logs, the point means, df, target values, the observed profile
+    [1, V], profiles of the posterior draws of the means [n_draws, V]): the rule's inputs."""
+    points, losses = _table(by_point)
+    coords = np.log(points)
+    means, counts, variance, df = _cell_means(losses)
+    values, observed = _profile(coords, means[None, :])
+    rng = np.random.default_rng(seed)
+    spread = np.sqrt(variance * df / rng.chisquare(df, size=(n_draws, 1)))
+    noise = rng.standard_normal((n_draws, len(means))) / np.sqrt(np.maximum(counts, 1))
+    _, profiles = _profile(coords, means + spread * noise)
+    return points, coords, means, df, values, observed, profiles
+
+
 def locate(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]], *,
            window: int = WINDOW, n_draws: int = N_DRAWS, seed: int | Sequence[int] = 0,
            confidence: float = CONFIDENCE) -> Located:
@@ -237,15 +256,9 @@ def locate(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]], *,
     or non-finite where that run has no finite loss). `seed` seeds the draws (numpy's default
     Generator); give each independent fit its own. Raises ValueError when no point finished
     or the runs leave no degrees of freedom for the noise."""
-    points, losses = _table(by_point)
-    coords = np.log(points)
-    means, counts, variance, df = _cell_means(losses)
-    values, observed = _profile(coords, means[None, :])
+    points, coords, means, df, values, observed, profiles = _posterior(by_point, n_draws, seed)
     star, fitted = _rule(values, observed, window)
-    rng = np.random.default_rng(seed)
-    spread = np.sqrt(variance * df / rng.chisquare(df, size=(n_draws, 1)))
-    noise = rng.standard_normal((n_draws, len(means))) / np.sqrt(np.maximum(counts, 1))
-    draws, _ = _rule(values, _profile(coords, means + spread * noise)[1], window)
+    draws, _ = _rule(values, profiles, window)
     at = int(np.argmin(observed[0]))
     edge = "low" if at == 0 else "high" if at == len(values) - 1 else None
     # A draw below the grid lies below its first value: −inf for the low end, that value for
@@ -259,7 +272,7 @@ def locate(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]], *,
         nuisance_edge=_nuisance_edge(coords, means, at, window),
         best=tuple(points[int(np.argmin(means))].tolist()),
         grid=tuple(sorted({float(v) for v in points[:, 0]})),
-        n_seeds=losses.shape[0], df=df, draws=draws)
+        n_seeds=n_seeds_of(by_point), df=df, draws=draws)
 
 
 def locate_curve(xs: Sequence[float], losses_by_seed: Mapping[int, Sequence[float | None]],
@@ -273,25 +286,70 @@ def locate_curve(xs: Sequence[float], losses_by_seed: Mapping[int, Sequence[floa
                    for j, x in enumerate(xs)}, **options)
 
 
+def _functional(optima: Mapping[float, Located], weights: np.ndarray,
+                confidence: float) -> tuple[float, tuple[float, float], np.ndarray]:
+    """(estimate, interval, draws) of Σ weights·log optimum over `optima` in d_k order (a
+    linear functional: a least-squares coefficient or a local slope). A draw with an optimum
+    beyond its grid's edge gives the functional with that optimum at the edge, a bound on the
+    side the weight's sign says, and infinity on the other."""
+    d_ks = sorted(optima)
+    weights = np.where(np.abs(weights) < 1e-12, 0.0, weights)
+    stars = np.array([optima[d].log_star for d in d_ks])
+    draws = np.stack([optima[d].draws for d in d_ks])
+    edges = np.log([[optima[d].grid[0], optima[d].grid[-1]] for d in d_ks])
+    values = weights @ np.clip(draws, edges[:, :1], edges[:, 1:])  # beyond a grid: its edge
+    # ... where the true value is then above (below) that, by the weight's sign.
+    sign = np.sign(weights)[:, None]
+    up = (((draws == np.inf) & (sign > 0)) | ((draws == -np.inf) & (sign < 0))).any(axis=0)
+    down = (((draws == -np.inf) & (sign > 0)) | ((draws == np.inf) & (sign < 0))).any(axis=0)
+    ci = interval(np.where(down, -np.inf, values), np.where(up, np.inf, values), confidence)
+    return float(weights @ stars), ci, values
+
+
+def _least_squares_rows(d_ks: Sequence[float], degree: int) -> tuple[np.ndarray, float]:
+    """([degree + 1, d_ks] the rows of (XᵀX)⁻¹Xᵀ for a polynomial in x = ln d_k − its mean:
+    each row the weights of one coefficient, lowest power first; that mean)."""
+    x = np.log(np.array(d_ks, dtype=float))
+    centre = float(x.mean())
+    design = np.vander(x - centre, degree + 1, increasing=True)  # [d_ks, degree + 1]
+    return np.linalg.pinv(design), centre
+
+
 def fit_slope(optima: Mapping[float, Located], confidence: float = CONFIDENCE) -> Slope:
     """The slope of log optimum on log d_k over `optima` (d_k -> located optimum), with the
     percentile interval of the slope refitted on every joint draw."""
     if len(optima) < 2:
         raise ValueError(f"need at least two d_k for a slope, got {len(optima)}")
+    rows, _ = _least_squares_rows(sorted(optima), 1)
+    slope, ci, draws = _functional(optima, rows[1], confidence)
+    return Slope(slope, ci, tuple(sorted(optima)), draws)
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """log optimum as a quadratic in log d_k: its curvature (the x² coefficient: negative when
+    the slope steepens as d_k grows) and the local slope at each d_k, each with its interval."""
+
+    curvature: float
+    curvature_ci: tuple[float, float]
+    local_slopes: dict[float, tuple[float, tuple[float, float]]]  # d_k -> (slope, interval)
+
+
+def fit_curve(optima: Mapping[float, Located], confidence: float = CONFIDENCE) -> Curve:
+    """The quadratic of log optimum on log d_k over `optima` (three d_k or more), by least
+    squares, its coefficients' intervals from the same joint draws as `fit_slope`'s. The local
+    slope at d_k is b₁ + 2·b₂·(ln d_k − mean ln d_k)."""
+    if len(optima) < 3:
+        raise ValueError(f"need at least three d_k for a curvature, got {len(optima)}")
     d_ks = sorted(optima)
-    x = np.log(np.array(d_ks, dtype=float))
-    weights = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
-    weights[np.abs(weights) < 1e-12] = 0.0
-    stars = np.array([optima[d].log_star for d in d_ks])
-    draws = np.stack([optima[d].draws for d in d_ks])
-    edges = np.log([[optima[d].grid[0], optima[d].grid[-1]] for d in d_ks])
-    slopes = weights @ np.clip(draws, edges[:, :1], edges[:, 1:])  # c* beyond a grid: its edge
-    # ... where the true slope is then above (below) that, by the weight's sign.
-    sign = np.sign(weights)[:, None]
-    up = (((draws == np.inf) & (sign > 0)) | ((draws == -np.inf) & (sign < 0))).any(axis=0)
-    down = (((draws == -np.inf) & (sign > 0)) | ((draws == np.inf) & (sign < 0))).any(axis=0)
-    ci = interval(np.where(down, -np.inf, slopes), np.where(up, np.inf, slopes), confidence)
-    return Slope(float(weights @ stars), ci, tuple(d_ks), slopes)
+    rows, centre = _least_squares_rows(d_ks, 2)
+    curvature, curvature_ci, _ = _functional(optima, rows[2], confidence)
+    local = {}
+    for d_k in d_ks:
+        slope, ci, _ = _functional(optima, rows[1] + 2 * (math.log(d_k) - centre) * rows[2],
+                                   confidence)
+        local[d_k] = (slope, ci)
+    return Curve(curvature, curvature_ci, local)
 
 
 def c_grids(rows: list[dict], key: str) -> dict[int, dict[tuple[float, float], dict]]:
@@ -318,3 +376,57 @@ def exponent_fit(rows: list[dict], key: str = "final_val_bpb", *, n_draws: int =
             missing[d_k] = str(error)
     slope = fit_slope(optima, confidence) if len(optima) >= 2 else None
     return optima, missing, slope
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """The range of the target (e.g. c) whose loss, each value at its own best LR, is within
+    `margin` of the best: its ends in ln units, each with its interval (an infinite end: the
+    range reaches past the grid), and the cost of chosen target values."""
+
+    margin: float
+    log_range: tuple[float, float]
+    log_range_ci: tuple[tuple[float, float], tuple[float, float]]  # (low end's, high end's)
+    costs: dict[float, tuple[float, tuple[float, float]]]  # value -> (loss − best, interval)
+
+
+def _crossing(values: np.ndarray, profile: np.ndarray, limit: np.ndarray, step: int) -> np.ndarray:
+    """Per row, where the profile first rises past `limit` walking from its best by `step`
+    (−1 left, +1 right), linearly interpolated in the target's log; ±inf when it never does on
+    the grid (a failed value, inf, is past any limit)."""
+    best = np.argmin(profile, axis=-1)
+    out = np.full(len(best), -np.inf if step < 0 else np.inf)
+    done = np.zeros(len(best), bool)
+    rows = np.arange(len(best))
+    for offset in range(1, len(values)):
+        here, before = best + step * offset, best + step * (offset - 1)
+        inside = (here >= 0) & (here < len(values)) & ~done
+        h, b = np.clip(here, 0, len(values) - 1), np.clip(before, 0, len(values) - 1)
+        over = inside & (profile[rows, h] > limit)
+        rise = profile[rows, h] - profile[rows, b]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(np.isfinite(rise) & (rise > 0), (limit - profile[rows, b]) / rise, 0.0)
+        out = np.where(over, values[b] + share * (values[h] - values[b]), out)
+        done |= over
+    return out
+
+
+def tolerance(by_point: Mapping[tuple[float, ...], Mapping[int, float | None]], margin: float,
+              at: Sequence[float] = (), *, n_draws: int = N_DRAWS, seed: int | Sequence[int] = 0,
+              confidence: float = CONFIDENCE) -> Tolerance:
+    """The target's range within `margin` of the best (the means and posterior draws of
+    `locate`), and the cost (loss above the best) of each target value in `at` that is on the
+    grid, with percentile intervals over the draws."""
+    _, _, _, _, values, observed, profiles = _posterior(by_point, n_draws, seed)
+    both = np.concatenate([observed, profiles])
+    limit = both.min(axis=-1) + margin
+    low, high = _crossing(values, both, limit, -1), _crossing(values, both, limit, +1)
+    costs = {}
+    for value in at:
+        hit = np.flatnonzero(np.isclose(values, math.log(value), atol=1e-9))
+        if len(hit):
+            cost = both[:, hit[0]] - both.min(axis=-1)
+            costs[value] = (float(cost[0]), interval(cost[1:], cost[1:], confidence))
+    return Tolerance(margin, (float(low[0]), float(high[0])),
+                     (interval(low[1:], low[1:], confidence),
+                      interval(high[1:], high[1:], confidence)), costs)

@@ -11,7 +11,7 @@ Failed runs are marked in their cell: `diverged@STEP` (non-finite loss; no final
 `not_learning` included.
 
 The best-LR table gives each setting's located optimum (`optimum.curve_optima`: the vertex of a
-parabola in log LR through the grid's best point and its neighbours, with a bootstrap CI over
+parabola in log LR through the grid's best point and its neighbours, with located.py's CI over
 seeds) beside the grid's best point, how finely the grid brackets it, and a note where the
 optimum is only a bound (at the grid's edge) or not located.
 """
@@ -127,7 +127,9 @@ def located(curve: optimum.CurveOptimum | None) -> tuple[str, str]:
     if not found.fitted:  # a neighbour failed: no parabola through it
         return f"{found.best_lr:.3g} (not fitted: a neighbour failed)", bracket
     ci = found.lr_ci
-    interval = f"{ci[0]:.3g}–{ci[1]:.3g}" if ci else "no CI: 1 seed"
+    low = f"< {found.lrs[0]:.3g}" if ci and ci[0] == 0 else f"{ci[0]:.3g}" if ci else ""
+    high = f"> {found.lrs[-1]:.3g}" if ci and ci[1] == math.inf else f"{ci[1]:.3g}" if ci else ""
+    interval = f"{low}–{high}" if ci else "no CI: 1 seed"
     return f"{found.lr_star:.3g} ({interval})", bracket
 
 
@@ -145,13 +147,15 @@ def _located_note(curve: optimum.CurveOptimum | None) -> str:
 
 def best_lr_table(rows: list[dict], best: list[cmp.BestLR], key: str,
                   curves: list[optimum.CurveOptimum] = ()) -> list[str]:
-    """Per setting: the located optimum and its bootstrap CI over seeds, the grid's best LR
-    beside it, the bracket (the larger ratio to the best point's neighbours) and the grid."""
+    """Per setting: the located optimum and its CI (located.py: the best LR re-chosen in every
+    draw), the grid's best LR beside it, the bracket (the larger ratio to the best point's
+    neighbours) and the grid."""
     by_curve = {(c.setting, c.d_k): c for c in curves}
     lines = ["## Best learning rate per setting", "", *baseline_line(rows, key),
              "Located LR: the vertex of a parabola in log LR through the grid's best point and "
-             "its neighbours (mean over seeds), 95% bootstrap CI over seeds "
-             "(scale_ablation/analysis/optimum.py); the runs exist at the grid's best.", "",
+             "its neighbours (mean over seeds), 95% CI with the best LR re-chosen in every draw "
+             "(scale_ablation/analysis/located.py; an end past the grid: < or > its edge); the "
+             "runs exist at the grid's best.", "",
              "| policy | d_k | located LR (95% CI) | grid best LR | bracket | grid | "
              "final at grid best | unstable at grid best | note |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -2,8 +2,8 @@
 (parametrisation, policy) the located best LR at each width, and whether it stays put.
 
 Rule: each width's optimum is `optimum.fit_optimum` over its LR grid (mean over seeds; the
-parabola's vertex through the best point and its neighbours), with its bootstrap interval over
-seeds. The margin is one grid step (×2 here). A setting *transfers* when even the intervals stay
+parabola's vertex through the best point and its neighbours), with its interval (analysis/located.py:
+the best LR re-chosen in every posterior draw; coverage measured there). The margin is one grid step (×2 here). A setting *transfers* when even the intervals stay
 within it: the largest upper end over the widths is at most one step above the smallest lower
 end (an equivalence test, as TOST is for a difference). It *moves* when the located optima are
 more than a step apart and the intervals of the two extreme widths do not overlap. Anything
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections import defaultdict
 
 from scale_ablation.analysis import comparisons as cmp
@@ -68,11 +69,20 @@ def outcome(by_width: dict[int, optimum.Optimum]) -> tuple[str, float, float]:
     if edge:
         return "edge", ratio, step
     cis = [o.lr_ci for o in by_width.values()]
-    if any(ci is None for ci in cis):  # one seed: no interval to decide with
+    if any(ci is None or ci[0] == 0 for ci in cis):  # one seed, or an end past the grid
         return "unresolved", ratio, step
     if max(hi for _, hi in cis) / min(lo for lo, _ in cis) <= step * tolerance:
         return "transfers", ratio, step
     return "unresolved", ratio, step
+
+
+def _ci_text(found: optimum.Optimum) -> str:
+    """' [low, high]', an end past the grid written as a bound past its edge; '' without one."""
+    if (ci := found.lr_ci) is None:
+        return ""
+    low = f"< {found.lrs[0]:.3g}" if ci[0] == 0 else f"{ci[0]:.3g}"
+    high = f"> {found.lrs[-1]:.3g}" if ci[1] == math.inf else f"{ci[1]:.3g}"
+    return f" [{low}, {high}]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +95,12 @@ class Transfer:
 
     def describe(self) -> str:
         who = "; ".join(f"{p} with {policy}" for p, policy in self.settings)
-        does = ("stays within one grid step across the widths, bootstrap intervals included"
+        does = ("stays within one grid step across the widths, intervals included"
                 if self.expect else "moves by more than one grid step across the widths, the "
-                "extreme widths' bootstrap intervals apart")
+                "extreme widths' intervals apart")
         return (f"supported if the located best LR of {who} {does} (optimum.fit_optimum per "
-                "width over seeds; an edge optimum is a bound)")
+                "width, its interval located.py's with the best LR re-chosen in every draw; an "
+                "edge optimum is a bound)")
 
     def judge(self, rows: list[dict]):
         found = optima(rows)
@@ -101,10 +112,9 @@ class Transfer:
                 continue
             result, ratio, step = outcome(by_width)
             outcomes.append(result)
-            located = ", ".join(
-                f"{w}: {o.lr_star:.3g}" + (f" [{o.lr_ci[0]:.3g}, {o.lr_ci[1]:.3g}]" if o.lr_ci
-                                           else "") + ("" if o.interior else " (edge)")
-                for w, o in by_width.items())
+            located = ", ".join(f"{w}: {o.lr_star:.3g}{_ci_text(o)}"
+                                + ("" if o.interior else " (edge)")
+                                for w, o in by_width.items())
             numbers.append(f"{setting[0]} {setting[1]}: best LR by width {located}; "
                            f"max/min {ratio:.2f} against a step of {step:.2f} → {result}")
         wanted = "transfers" if self.expect else "moves"

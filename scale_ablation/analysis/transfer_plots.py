@@ -2,7 +2,7 @@
 
 - `best_lr_vs_width.png`: the located best LR (`optimum.fit_optimum`, mean over seeds, the
   parabola's vertex) against width, log–log, a panel per parametrisation sharing one LR axis, a
-  line per policy in the report's colour, its 95% bootstrap CI over seeds as error bars where
+  line per policy in the report's colour, its 95% CI (located.py) as error bars where
   n >= 2. An optimum at the grid's edge is a bound, drawn as a triangle pointing outward. The y
   axis is ticked at the grid's LRs, so "within one grid step" reads off the ticks; each panel
   names every line's max/min ratio over the widths against the grid's step.
@@ -59,9 +59,11 @@ def _draw_best(ax, by_width: dict[int, optimum.Optimum], line: dict, gid: str,
     widths = [w * dodge for w in sorted(by_width)]
     found = [by_width[w] for w in sorted(by_width)]
     stars = [o.lr_star for o in found]
-    cis = [o.lr_ci or (s, s) for o, s in zip(found, stars, strict=True)]
+    # An end past the grid (infinite) is drawn to the grid's edge.
+    cis = [(max(ci[0], o.lrs[0]), min(ci[1], o.lrs[-1])) if (ci := o.lr_ci) else (s, s)
+           for o, s in zip(found, stars, strict=True)]
     ax.plot(widths, stars, gid=gid, markersize=5, linewidth=1.4, **line)
-    # A percentile bootstrap need not hold the full sample's vertex: its bar then starts at it.
+    # An interval need not hold the point's vertex (a clamped draw): its bar then starts at it.
     low = [max(s - lo, 0.0) for s, (lo, _) in zip(stars, cis, strict=True)]
     high = [max(hi - s, 0.0) for s, (_, hi) in zip(stars, cis, strict=True)]
     if any(o.n_seeds >= 2 for o in found):
@@ -144,7 +146,7 @@ def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
     look.axis_labels(axes, used, "width (d_model)", "located best learning rate")
     sizes = sorted(keys.sizes)
     n = f"n = {sizes[0]}" if sizes[0] == sizes[-1] else f"n = {sizes[0]}–{sizes[-1]}"
-    ci = "\n95% bootstrap CI where n ≥ 2" if sizes[-1] >= 2 else ": no CI"
+    ci = "\n95% CI (located.py) where n ≥ 2" if sizes[-1] >= 2 else ": no CI"
     seeds = "seed" if sizes[-1] == 1 else "seeds"
     return look.finish(fig, axes, used, keys, f"located optimum per width\n({n} {seeds}){ci}")
 
