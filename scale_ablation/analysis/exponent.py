@@ -40,6 +40,7 @@ from scale_ablation.analysis.claims import Verdict
 from scale_ablation.model import scale_family
 
 INIT = "override:model.init"
+STEPS = "override:train.steps"  # a budget swept as runs of their own (dk_exponent:regime)
 DEFAULT_INIT = "fan_in"  # experiments/base.py's model.init
 CONFIDENCE = 0.95
 
@@ -176,18 +177,22 @@ def why_unsettled(found: located.Located) -> str | None:
     return None
 
 
-def init_rows(rows: list[dict], init: str, d_k_range: tuple[int, int] | None = None
-              ) -> list[dict]:
-    """The rows of one init, within `d_k_range` (inclusive) when given."""
+def init_rows(rows: list[dict], init: str, d_k_range: tuple[int, int] | None = None,
+              steps: int | None = None) -> list[dict]:
+    """The rows of one init, within `d_k_range` (inclusive) and of runs of `steps` training
+    steps (a budget run as its own runs) when given."""
     low, high = d_k_range or (0, math.inf)
-    return [r for r in rows if init_of(r) == init and low <= r["d_k"] <= high]
+    return [r for r in rows if init_of(r) == init and low <= r["d_k"] <= high
+            and (steps is None or str(r.get(STEPS)) == str(steps))]
 
 
 def fit(rows: list[dict], init: str, key: str = "final_val_bpb", *,
-        d_k_range: tuple[int, int] | None = None, n_draws: int = located.N_DRAWS,
-        seed: int = 0, confidence: float = CONFIDENCE) -> ExponentFit:
-    """The exponent fit of one init's runs, `key` choosing each c's LR and locating c*."""
-    optima, missing, _ = located.exponent_fit(init_rows(rows, init, d_k_range), key,
+        d_k_range: tuple[int, int] | None = None, steps: int | None = None,
+        n_draws: int = located.N_DRAWS, seed: int = 0,
+        confidence: float = CONFIDENCE) -> ExponentFit:
+    """The exponent fit of one init's runs (of `steps` steps, when given), `key` choosing each
+    c's LR and locating c*."""
+    optima, missing, _ = located.exponent_fit(init_rows(rows, init, d_k_range, steps), key,
                                               n_draws=n_draws, seed=seed, confidence=confidence)
     unsettled = {**{d: f"no c* ({why})" for d, why in missing.items()},
                  **{d: why for d, o in optima.items() if (why := why_unsettled(o)) is not None}}
@@ -212,6 +217,10 @@ def _c_ci_text(found: located.Located) -> str:
     left = f"< {found.grid[0]:.3g}" if low == -math.inf else f"{math.exp(low):.3g}"
     right = f"> {found.grid[-1]:.3g}" if high == math.inf else f"{math.exp(high):.3g}"
     return f"[{left}, {right}]"
+
+
+def _steps_text(steps: int | None) -> str:
+    return "" if steps is None else f", runs of {steps} steps"
 
 
 def _range_text(d_k_range: tuple[int, int] | None) -> str:
@@ -278,6 +287,7 @@ class Exponent(_Family):
     margin: float = MARGIN
     metric: str = "final_val_bpb"  # chooses each c's LR and locates c* (validation)
     d_k_range: tuple[int, int] | None = None
+    steps: int | None = None  # the runs of one budget, where budgets are runs of their own
 
     @property
     def others(self) -> tuple[float, ...]:
@@ -287,13 +297,14 @@ class Exponent(_Family):
         others = " and ".join(_signed(c) for c in self.others)
         return (f"supported if the 95% CI of α (optimal scale ∝ d_k^α; α = slope of log c* on "
                 f"log d_k − 1/2, c* the best c of c·d_k^(-1/2), each c at its best LR, "
-                f"{self.metric}{_range_text(self.d_k_range)}) excludes {others} and lies "
+                f"{self.metric}{_range_text(self.d_k_range)}{_steps_text(self.steps)}) excludes "
+                f"{others} and lies "
                 f"within {_signed(self.expected)} ± {self.margin:g}, init {self.init} "
                 "(analysis/exponent.py states the fit)")
 
     def judge(self, rows: list[dict]) -> Verdict:
-        found = fit(rows, self.init, self.metric, d_k_range=self.d_k_range)
-        numbers = tuple(fit_lines(found))
+        found = fit(rows, self.init, self.metric, d_k_range=self.d_k_range, steps=self.steps)
+        numbers = tuple(fit_lines(found, _steps_text(self.steps)))
         ci = found.alpha_ci
         if found.unsettled:  # a bound is no location: refine the grid (the numbers say how)
             return Verdict("inconclusive", "some d_k's c* is not a location", numbers)
@@ -324,14 +335,16 @@ class OnePowerLaw(_Family):
     init: str
     margin: float = MARGIN
     metric: str = "final_val_bpb"
+    steps: int | None = None  # the runs of one budget, where budgets are runs of their own
 
     def describe(self) -> str:
         return (f"supported if the local α of log c* on log d_k (a quadratic; located.py's "
                 f"draws) changes by less than ±{self.margin:g} across the d_k run (95% CI), "
-                f"contradicted if by more, init {self.init}, {self.metric}")
+                f"contradicted if by more, init {self.init}, {self.metric}"
+                f"{_steps_text(self.steps)}")
 
     def judge(self, rows: list[dict]) -> Verdict:
-        found = fit(rows, self.init, self.metric)
+        found = fit(rows, self.init, self.metric, steps=self.steps)
         numbers = list(fit_lines(found))
         if found.unsettled or (curve := found.curve()) is None:
             return Verdict("inconclusive", "fewer than three d_k with a located c*, or some "
@@ -365,16 +378,18 @@ class ScaleCost(_Family):
     c: float = 1.0
     margin: float = 0.02
     metric: str = "final_val_bpb"
+    steps: int | None = None  # the runs of one budget, where budgets are runs of their own
 
     def describe(self) -> str:
         return (f"supported if c = {self.c:g} (scale {self.c:g}/√d_k) is within {self.margin:g} "
                 f"of the best c at every d_k, contradicted if it is not at some d_k (the cost's "
                 f"CI, Bonferroni over the d_k; each c at its best LR, LR and best c re-chosen in "
-                f"every draw), init {self.init}, {self.metric}")
+                f"every draw), init {self.init}, {self.metric}{_steps_text(self.steps)}")
 
     def judge(self, rows: list[dict]) -> Verdict:
-        grids = located.c_grids(init_rows(rows, self.init), self.metric)
-        floor = cmp.noise_floor(init_rows(rows, self.init), "inv_sqrt_dk", self.metric)
+        mine = init_rows(rows, self.init, steps=self.steps)
+        grids = located.c_grids(mine, self.metric)
+        floor = cmp.noise_floor(mine, "inv_sqrt_dk", self.metric)
         numbers, above, unknown = [], [], []
         confidence = 1 - (1 - CONFIDENCE) / max(len(grids), 1)
         for d_k, grid in sorted(grids.items()):
@@ -442,16 +457,26 @@ class ExponentShift(_Family):
     early: str = EARLY_KEY
     final: str = "final_val_bpb"
     margin: float = MARGIN
+    # Budgets run as runs of their own (train.steps, short and long): each fitted on its runs'
+    # `final` metric; `early` is then unused.
+    budgets: tuple[int, int] | None = None
 
     def describe(self) -> str:
-        return (f"supported if α moves by less than ±{self.margin:g} between {self.early} and "
-                f"{self.final} (95% CI of the difference of the two fits' draws), init "
-                f"{self.init}")
+        between = (f"{self.early} and {self.final}" if self.budgets is None else
+                   f"runs of {self.budgets[0]} and of {self.budgets[1]} steps ({self.final})")
+        return (f"supported if α moves by less than ±{self.margin:g} between {between} (95% CI "
+                f"of the difference of the two fits' draws), init {self.init}")
 
     def judge(self, rows: list[dict]) -> Verdict:
-        early = fit(rows, self.init, self.early)
-        final = fit(rows, self.init, self.final, seed=1)
-        numbers = [*fit_lines(early, f" ({self.early})"), *fit_lines(final, f" ({self.final})")]
+        if self.budgets is None:
+            early = fit(rows, self.init, self.early)
+            final = fit(rows, self.init, self.final, seed=1)
+            labels = (f" ({self.early})", f" ({self.final})")
+        else:
+            early = fit(rows, self.init, self.final, steps=self.budgets[0])
+            final = fit(rows, self.init, self.final, steps=self.budgets[1], seed=1)
+            labels = tuple(_steps_text(b) for b in self.budgets)
+        numbers = [*fit_lines(early, labels[0]), *fit_lines(final, labels[1])]
         ci = _shift_interval(early, final)
         if ci is None:
             return Verdict("inconclusive", "α is not located at both budgets on the same d_k",
