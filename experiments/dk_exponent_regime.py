@@ -25,6 +25,10 @@ Variants:
   sessions. `cpu_short` is the same grid's 200-step half (432 runs, ~7.4 CPU-hours by
   `--plan`), with the same run names: run it first into the same workdir, publish it, and the
   `cpu` sweep there later trains only the 1,600-step runs.
+- default (one accelerator): d_model 1024, 4 layers, 8 heads of value width 128, d_k 16…256,
+  C ×2 over seven values per init (fan_in 1/32…2, gpt2 1/8…8), 3 LRs ×2 around 1e-3, 3 seeds,
+  budgets 250 and 2,000 steps of 64 × 512 bytes of WikiText-103: 1,260 runs. `--plan
+  --device=H200`: 1.42e19 train FLOPs, 11.4 device-hours at the planner's assumed 40% MFU.
 - `quick` (tests): d_model 64, 4 heads, d_k 4, 8, 16, C {1/2, 1, 2}, one LR, 2 seeds, one
   init, budgets 10 and 20 steps.
 """
@@ -43,6 +47,11 @@ SIZES = {
             {"fan_in": tuple(2.0**k for k in range(-4, 2)),
              "gpt2": tuple(2.0**k for k in range(-1, 5))},
             (1e-3, 2e-3, 4e-3), (0, 1, 2), INITS, (200, 1600)),
+    # One accelerator: d_model 1024, 8 heads of value width 128, d_k 16…256 (≤ d_model/4).
+    None: ((1024, 8, 4), (64, 512), (16, 32, 64, 128, 256),
+           {"fan_in": tuple(2.0**k for k in range(-5, 2)),
+            "gpt2": tuple(2.0**k for k in range(-3, 4))},
+           base.lr_grid_around(1e-3, points=3), base.ACCELERATOR_SEEDS, INITS, (250, 2000)),
 }
 SIZES["cpu_short"] = (*SIZES["cpu"][:-1], (200,))
 
@@ -50,7 +59,7 @@ SIZES["cpu_short"] = (*SIZES["cpu"][:-1], (200,))
 def get_config(arg: str | None = None):
     base.check_variant(__file__, arg, ("quick", "cpu", "cpu_short"))
     (d_model, heads, layers), (batch, seq_len), *_, budgets = SIZES[arg]
-    config = dk_exponent.get_config("quick" if arg == "quick" else "cpu")
+    config = dk_exponent.get_config({"quick": "quick", None: None}.get(arg, "cpu"))
     m, t = config.model, config.train
     m.d_model, m.num_heads, m.num_layers, m.head_dim = d_model, heads, layers, d_model // heads
     config.data.seq_len, t.batch_size = seq_len, batch

@@ -264,6 +264,14 @@ class Within:
     rule: Compare | Unstable | Diverges
     where: tuple[tuple[str, object], ...]
 
+    @property
+    def policies(self) -> tuple[str, ...]:
+        return self.rule.policies
+
+    @property
+    def reference(self) -> str | None:
+        return getattr(self.rule, "reference", None)
+
     def describe(self) -> str:
         scope = "; ".join(f"{k}={v}" for k, v in self.where)
         return f"runs with {scope}: {self.rule.describe()}"
