@@ -16,7 +16,8 @@ study's store holds (`records.study_store`).
 The README's results index (the first table under "## Results") is generated from the table:
 a row per study, in the order of experiments/results/index.csv, which holds the hand-written
 part (the study's title, its verdicts before its rerun and why they changed), with the
-supported and contradicted claims named and the inconclusive ones numbered.
+supported and contradicted claims named, the not exercised (`analysis.acted`) and inconclusive
+ones numbered.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 import pandas as pd
 
 from scale_ablation import report
+from scale_ablation.analysis.acted import NOT_EXERCISED
 from scale_ablation.records import study_store
 
 RESULTS = pathlib.Path("experiments") / "results"
@@ -39,7 +41,7 @@ COLUMNS = ("study", "claim", "name", "source", "verdict", "decided_at_init", "re
            "effect", "ci", "n", "test", "p", "holm_p", "split", "deciding", "tests", "numbers",
            "runs")
 _SECTION = re.compile(r"^## (\d+)\. (.*?)\n\n(.*?)(?=^## \d+\. |\Z)", re.M | re.S)
-_VERDICT = re.compile(r"^Verdict[^\n]*?: \*\*(\w+)\*\*: (.*)$", re.M)
+_VERDICT = re.compile(r"^Verdict[^\n]*?: \*\*(\w+(?: \w+)?)\*\*: (.*)$", re.M)  # "not exercised"
 _SPEC = re.compile(r"^# Claims tested by `([^`]+)`")
 _DELTA = re.compile(r"Δ = (?P<effect>\S+) ± (?P<ci>\S+) \(n=(?P<n>\d+)\) on (?P<split>[^;]+);")
 _COUNT = re.compile(r"(?P<k>\d+) of (?P<n>\d+) (?:solved|diverged)(?: on (?P<split>the [^(]+?))? ")
@@ -147,8 +149,10 @@ def _claims_cell(claims: pd.DataFrame) -> str:
                  for r in claims.itertuples() if r.verdict == verdict]
         if named:
             parts.append(f"**{verdict}**: " + "; ".join(named))
+    if idle := [r.claim for r in claims.itertuples() if r.verdict == NOT_EXERCISED]:
+        parts.append(f"{NOT_EXERCISED}: {_numbers(idle)}")
     if rest := [r.claim for r in claims.itertuples()
-                if r.verdict not in ("supported", "contradicted")]:
+                if r.verdict not in ("supported", "contradicted", NOT_EXERCISED)]:
         parts.append(f"inconclusive: {_numbers(rest)}")
     return "; ".join(parts).replace("|", "\\|")
 

@@ -30,7 +30,13 @@ from scale_ablation.analysis import tables as report_tables
 from scale_ablation.analysis.claims_markdown import write_claims
 from scale_ablation.analysis.comparisons import lr_sensitivity  # noqa: F401 - part of the report's API
 from scale_ablation.model import plugins
-from scale_ablation.records import locking, staging, study_store, wandb_workspace
+from scale_ablation.records import (
+    intervention_rows,
+    locking,
+    staging,
+    study_store,
+    wandb_workspace,
+)
 from scale_ablation.records import metrics_rows as rm
 from scale_ablation.records.run_files import FINISHED
 from scale_ablation.records.summary_csv import write_summary_csv
@@ -119,6 +125,7 @@ def summarise_run(run: dict) -> dict:
         "final_learned_scale": rm.layer_mean(last_diag, "learned_scale"),
         "max_attention_logit": max(max_logits.values()) if max_logits else None,
         **{f"max_attention_logit/layer{i}": v for i, v in sorted(max_logits.items())},
+        **intervention_rows.acted_fields(metrics, summary),  # did it act? (`analysis.acted`)
         "initial_val_loss": next((r["val/loss"] for r in metrics
                                   if r.get("step") == 0 and r.get("val/loss") is not None), None),
         # An early budget (analysis/exponent.py's ExponentShift): the evaluation halfway through.

@@ -122,4 +122,4 @@ def build(root: pathlib.Path) -> pathlib.Path:
 
 def verdicts(claims_md: str) -> list[str]:
     import re
-    return re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", claims_md)
+    return re.findall(r"Verdict[^\n]*?: \*\*(\w+(?: \w+)?)\*\*", claims_md)

@@ -34,7 +34,7 @@ def test_a_row_per_claim_with_the_verdicts_claims_md_gives(study):
     rows = table[table["study"] == study]
     headings = re.findall(r"^## (\d+)\. ", text, re.M)
     assert list(rows["claim"]) == [int(h) for h in headings]
-    assert list(rows["verdict"]) == re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", text)
+    assert list(rows["verdict"]) == re.findall(r"Verdict[^\n]*?: \*\*(\w+(?: \w+)?)\*\*", text)
     for (_, row), section in zip(rows.iterrows(), re.split(r"^## \d+\. ", text, flags=re.M)[1:],
                                  strict=True):
         holm = [float(h) for h in re.findall(r"Holm ([0-9.e+-]+)", section)]

@@ -162,8 +162,8 @@ def test_verdicts_quoted_anywhere_are_the_committed_claims_files(doc):
         lines = [line.removeprefix(">").removeprefix(" ") for line in quoted.splitlines()]
         committed = (README.parent / path).read_text().strip().splitlines()
         assert lines == committed, path
-    verdicts = re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", doc.read_text())
-    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict[^\n]*?: \*\*(\w+)\*\*", q)]
+    verdicts = re.findall(r"Verdict[^\n]*?: \*\*(\w+(?: \w+)?)\*\*", doc.read_text())
+    quoted_verdicts = [v for _, q in blocks for v in re.findall(r"Verdict[^\n]*?: \*\*(\w+(?: \w+)?)\*\*", q)]
     assert verdicts == quoted_verdicts  # none outside the quoted files
 
 

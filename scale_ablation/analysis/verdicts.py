@@ -39,9 +39,10 @@ The rules, stated once:
   have none but did not all finish is unknown, and a verdict that depends on it inconclusive.
 - **What a sweep cannot support** (`limits`): one seed per setting (no CI, no test), one
   learning rate per setting (no policy at its own best LR), or runs that did not learn (the best
-  run is not LEARNED_MARGIN bits per byte below the bigram baseline, or no run finished): each
-  is said at the head
-  of every verdict, and a verdict that such a sweep cannot support is "inconclusive".
+  run is not LEARNED_MARGIN bits per byte below the bigram baseline, or no run finished): each is
+  said at the head of every verdict, and a verdict that such a sweep cannot support is inconclusive.
+- **Did it act?** (`acted`): a comparison says how much each intervention it compares acted;
+  one that acted in none of the compared runs makes the claim "not exercised" (`acted`).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
+from scale_ablation.analysis import acted, failures, intervals, significance
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import failures, intervals, significance
 from scale_ablation.analysis.claims import (
     OPPOSITE,
     Arms,
@@ -260,9 +261,6 @@ def _paired_own_lr(rows: list[dict], reference: str, key: str,
     return out
 
 
-# --------------------------------------------------------------------------- counts
-
-
 # --------------------------------------------------------------------------- trains smoothly
 
 
@@ -359,8 +357,8 @@ def _judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Ver
 def _flatten(claim: Claim, rows: list[dict]) -> tuple[object, list[dict]]:
     """The claim's rule and rows with Arms resolved to the rule over relabelled rows, Within to
     the rule over its runs."""
-    if isinstance(claim.rule, (Arms, Within)):
-        return claim.rule.rule, claim.rule.rows(rows)
+    if isinstance(claim.rule, (Arms, Within)):  # interventions read before Arms relabel runs
+        return claim.rule.rule, claim.rule.rows(acted.tag(rows))
     return claim.rule, rows
 
 
@@ -395,6 +393,7 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
             verdict = judge_band(part[0], part[1])
         else:
             verdict = _judge_unstable(part[0], part[1], caveats)
+        verdict = acted.annotate(verdict, rule, finished_rows(every_row))
         out.append(_with_finished_count(verdict, rule, every_row))
     return out
 

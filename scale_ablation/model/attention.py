@@ -292,6 +292,10 @@ class MaxLogit(nnx.Variable):
     [heads] float32 (model state, never trained; written by the train step, logged)."""
 
 
+class ClipCount(nnx.Variable):
+    """QK-clip's count of each head's clipped train steps, all of them, [heads] float32."""
+
+
 class SelfAttention(nnx.Module):
     """Multi-head self-attention whose logit scale is a `ScalePolicy`.
 
@@ -325,6 +329,7 @@ class SelfAttention(nnx.Module):
         self.base_scale = ScaleValue(jnp.float32(model.base_scale(policy, layer)))
         if policy.qk_clip is not None:
             self.max_logit = MaxLogit(jnp.zeros((num_heads,), jnp.float32))
+            self.clip_count = ClipCount(jnp.zeros((num_heads,), jnp.float32))
         self.num_heads, self.head_dim, self.qk_dim = num_heads, head_dim, qk_dim
         self.attention_dropout = model.attention_dropout
         # attend's keywords: the dtypes of the q·k product and of the softmax input.
@@ -378,14 +383,18 @@ class SelfAttention(nnx.Module):
         return out, stats
 
     def _stats(self, internals: AttentionInternals, params: Params) -> dict[str, jax.Array]:
-        """The diagnostics of one forward pass, the policy's learned values and, under QK-clip,
-        each head's largest logit in the last train step's forward pass (`MaxLogit`)."""
+        """The diagnostics of one forward pass, the policy's learned values, a soft-cap's share of
+        logits past its knee and QK-clip's `MaxLogit` (the last train step's) and `ClipCount`."""
         stats = diagnostics.attention_stats(internals.logits, internals.probs, internals.mask)
+        if (cap := self.policy.soft_cap) is not None:
+            stats["softcap_past_knee"] = diagnostics.past_knee(internals.logits, internals.mask,
+                                                               cap)
         learned = self.policy.learned_values
         if learned is not None:
             for name, value in learned(params).items():
                 stats[f"learned_{name}"] = jnp.broadcast_to(value, (self.num_heads,))
         if self.policy.qk_clip is not None:
             stats["qk_clip_max_logit"] = self.max_logit.get_value()
+            stats["qk_clip_clipped_steps"] = self.clip_count.get_value()
         return stats
 

@@ -112,6 +112,7 @@ def _compose_functions(first: ScalePolicy, second: ScalePolicy) -> ScalePolicy:
         weights_sum_to_one=owner.weights_sum_to_one,
         learned_values=learned_values if nested else None,
         qk_clip=first.qk_clip,
+        soft_cap=first.soft_cap if first.transform_scaled is not None else second.soft_cap,
     )
 
 

@@ -6,6 +6,8 @@ The health bands are the article's §5.2/§6.5 rules of thumb; they are flags to
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -65,6 +67,19 @@ def attention_stats(
     }
 
 
+def past_knee(capped: jax.Array, mask: jax.Array | None, cap: float) -> jax.Array:
+    """[H] float32: the share of visible logits a soft-cap C·tanh(z / C) took past its knee,
+    |z| > C/2, where it bends a logit by 7.6% or more (1 − tanh(½)/½). `capped` are the logits
+    after the cap [B, H, Tq, Tk] (what the diagnostics see); |z| > C/2 is |capped| > C·tanh(½),
+    since tanh is monotone."""
+    capped = jnp.abs(capped.astype(jnp.float32))
+    if mask is None:
+        mask = jnp.ones(capped.shape[-2:], bool)
+    visible = jnp.broadcast_to(mask, capped.shape)
+    past = visible & (capped > cap * math.tanh(0.5))
+    return past.sum(axis=(0, 2, 3)) / visible.sum(axis=(0, 2, 3))
+
+
 def health_flags(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Booleans per head: True where the article's health band is violated."""
     low, high = LOGIT_STD_BAND
@@ -75,11 +90,13 @@ def health_flags(stats: dict[str, jax.Array]) -> dict[str, jax.Array]:
 
 
 def summarise_layer(stats: dict[str, jax.Array], prefix: str) -> dict[str, jax.Array]:
-    """Flat metrics for logging: per-layer head means (max for max_abs_logit), per-head values,
+    """Flat metrics for logging: per-layer head means (max for max_abs_logit and QK-clip's
+    clipped steps), per-head values,
     and the share of heads outside each health band."""
     out: dict[str, jax.Array] = {}
     for name, per_head in stats.items():
-        reduce = jnp.max if name == "max_abs_logit" else jnp.mean
+        # Maxima stay maxima; a layer's clip count is its most-clipped head's.
+        reduce = jnp.max if name in ("max_abs_logit", "qk_clip_clipped_steps") else jnp.mean
         out[f"{prefix}/{name}"] = reduce(per_head)
         for head in range(per_head.shape[0]):
             out[f"{prefix}/head{head}/{name}"] = per_head[head]

@@ -132,6 +132,9 @@ class ScalePolicy:
     # QK-clip's threshold T: after each optimiser step, heads whose largest logit exceeded T have
     # their W_Q and W_K columns rescaled (`scale_ablation.model.qk_clip`). None: no clipping.
     qk_clip: float | None = None
+    # The cap C of a post-scale soft-cap (`transform_scaled` = C·tanh(z / C)), for diagnostics
+    # alone: the share of logits past its knee |z| > C/2 says whether it bent any. None: no cap.
+    soft_cap: float | None = None
 
     def base_scale(self, head_dim: int, *, d_model: int | None = None,
                    num_heads: int | None = None, layer: int = 0) -> float:

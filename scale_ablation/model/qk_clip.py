@@ -4,12 +4,14 @@ biases) multiplied by √(T / max) each, so that logit, recomputed with the new 
 
 The largest logit per head comes from the forward pass the step already makes: each clipping
 layer sows it (the dense path's logits, reduced over batch, queries and visible keys; no extra
-pass) under `nnx.capture`, the step's loss returns it (`forward`) and the step calls `after_step` inside the
-same jitted program, which rescales and keeps the maxima in each layer's `attention.MaxLogit`
-state for logging. q = x·W_Q + b_Q and k likewise are
-linear in their weights and rotary positions are a rotation, so scaling both by √γ scales every
-logit of the head by γ = T / max; heads at or below T are left alone (factor 1). The factor is
-applied after the update, to the updated weights (MuonClip's order).
+pass) under `nnx.capture`, the step's loss returns it (`forward`) and the step calls
+`after_step` inside the same jitted program, which rescales, keeps the maxima in each layer's
+`attention.MaxLogit` state for logging and counts each head's clipped steps in
+`attention.ClipCount` (every step, so that a study can say whether the clip ever acted).
+q = x·W_Q + b_Q and k likewise are linear in their weights and rotary positions are a rotation,
+so scaling both by √γ scales every logit of the head by γ = T / max; heads at or below T are
+left alone (factor 1). The factor is applied after the update, to the updated weights
+(MuonClip's order).
 """
 
 from __future__ import annotations
@@ -63,10 +65,13 @@ def forward(model: nnx.Module, inputs: jax.Array,
 
 def after_step(graphdef: Any, params: Any, rest: Any, maxima: list[jax.Array]) -> tuple:
     """(params, rest) after the optimiser step: each clipping layer's W_Q, W_K columns (and
-    biases) rescaled from its `maxima` entry, which `rest` records. Pure: new nnx.States."""
+    biases) rescaled from its `maxima` entry, which `rest` records, with each clipped head's
+    count of clipped steps raised by one. Pure: new nnx.States."""
     model = nnx.merge(graphdef, params, rest, copy=True)  # copies: mutable in this trace
     for layer, max_logit in zip(clipping_layers(model), maxima, strict=True):
         layer.max_logit.set_value(max_logit)
+        clipped = (max_logit > layer.policy.qk_clip).astype(jnp.float32)
+        layer.clip_count.set_value(layer.clip_count.get_value() + clipped)
         factor = factors(max_logit, layer.policy.qk_clip)
         per_column = jnp.repeat(factor, layer.qk_dim)  # [H] -> [H·D_qk], head-major as q's split
         for projection in (layer.query, layer.key):

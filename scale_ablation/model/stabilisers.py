@@ -25,7 +25,8 @@ def _inv_sqrt(head_dim: int) -> float:
 @functools.cache
 def _softcap(cap: float) -> ScalePolicy:
     return ScalePolicy(base_scale_fn=_inv_sqrt,
-                       transform_scaled=lambda logits: cap * jnp.tanh(logits / cap))
+                       transform_scaled=lambda logits: cap * jnp.tanh(logits / cap),
+                       soft_cap=cap)
 
 
 @register("softcap")

@@ -20,6 +20,7 @@ from scale_ablation.records import jsonfiles
 CHECKSUM = "crc32"
 
 _LAYER_KEY = re.compile(r"attn/layer(\d+)/([a-z_]+)")  # per layer, not attn/layer0/head1/...
+_HEAD_KEY = re.compile(r"attn/layer(\d+)/head(\d+)/([a-z_]+)")
 
 
 def checksum(row: Mapping[str, Any]) -> int:
@@ -57,6 +58,16 @@ def layer_values(row: dict, stat: str) -> dict[int, float]:
         match = _LAYER_KEY.fullmatch(key)
         if match and match.group(2) == stat and value is not None:
             out[int(match.group(1))] = value
+    return out
+
+
+def head_values(row: dict, stat: str) -> dict[tuple[int, int], float]:
+    """(layer, head) -> `attn/layer{i}/head{h}/{stat}` in one row (absent and None left out)."""
+    out = {}
+    for key, value in row.items():
+        match = _HEAD_KEY.fullmatch(key)
+        if match and match.group(3) == stat and value is not None:
+            out[(int(match.group(1)), int(match.group(2)))] = value
     return out
 
 

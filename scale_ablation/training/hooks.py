@@ -25,6 +25,7 @@ import ml_collections
 
 from scale_ablation.analysis import baselines, failures
 from scale_ablation.training.loop import Member, Periodic, Tick
+from scale_ablation.training.loss_scaling import LossScaling
 
 
 def log_train_metrics(member: Member, tick: Tick) -> None:
@@ -92,6 +93,40 @@ def watch_failures(config: ml_collections.ConfigDict) -> Periodic:
     return Periodic(1, watch, reads_state=False)
 
 
+def count_skipped_steps(config: ml_collections.ConfigDict) -> Periodic | None:
+    """Under a dynamic loss scale, the steps it skipped (`training.loss_scaling`: a finite loss
+    whose gradient overflowed), counted at every step: how often the scale acted by backing off
+    (issue 54). The count so far goes into the rows at log and checkpoint steps
+    (`train/skipped_steps`), so that a run resumed from a checkpoint goes on from it, and into
+    summary.json (`skipped_steps`). None without a dynamic scale (nothing to skip)."""
+    if not LossScaling.of(config.train).dynamic:
+        return None
+    every = (config.train.log_every, config.checkpoint.every)
+    count: list[int] = []
+
+    def counted(member: Member, tick: Tick) -> None:
+        if not count:
+            count.append(_resumed_skips(member))
+        # A healthy step with a non-finite gradient norm is a skipped one (the loop has stopped
+        # the run at any other non-finite step).
+        count[0] += not math.isfinite(tick.metrics["train/grad_norm"])
+        if tick.last or any(n and tick.step % n == 0 for n in every):
+            tick.row["train/skipped_steps"] = count[0]
+            member.summary_fields["skipped_steps"] = count[0]
+
+    return Periodic(1, counted, reads_state=False)
+
+
+def _resumed_skips(member: Member) -> int:
+    """The skipped steps a resumed run had counted by its checkpoint (0 for a new run)."""
+    files = member.trackers.files
+    if not member.start_step or files is None:
+        return 0
+    logged = [r["train/skipped_steps"] for r in files.read_metrics()
+              if r["step"] <= member.start_step and r.get("train/skipped_steps") is not None]
+    return int(logged[-1]) if logged else 0
+
+
 def write_row(member: Member, tick: Tick) -> None:
     if tick.row:
         member.trackers.log(tick.step, tick.row)
@@ -130,8 +165,9 @@ def save_checkpoint(member: Member, tick: Tick) -> None:
 def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] = (),
                   progress: bool = True) -> list[Periodic]:
     """What every run does: log, evaluate (always at the end: the summary needs it), diagnose,
-    then the `extra` hooks, then write the row, print progress, write every step's loss,
-    checkpoint, and last the extra hooks marked `after_step_work`."""
+    watch for failures, count a dynamic loss scale's skipped steps, then the `extra` hooks,
+    then write the row, print progress, write every step's loss, checkpoint, and last the extra
+    hooks marked `after_step_work`."""
     t = config.train
     return [
         Periodic(t.log_every, log_train_metrics, reads_state=False),
@@ -139,6 +175,7 @@ def default_hooks(config: ml_collections.ConfigDict, extra: Sequence[Periodic] =
         Periodic(t.steps, evaluate_test),  # due at the last step only
         Periodic(t.diag_every, diagnose),
         watch_failures(config),
+        *([skips] if (skips := count_skipped_steps(config)) else []),
         *(hook for hook in extra if not hook.after_step_work),
         Periodic(1, write_row, reads_state=False),
         Periodic(t.log_every if progress else 0, print_progress, at_last=False,

@@ -132,15 +132,29 @@ def make_eval_step(graphdef):
     return eval_step
 
 
-def make_diagnostics_step(graphdef):
-    """(state, batch) -> flat per-layer attention statistics from the reference path."""
+def z_loss_share(logits, targets, weights, z_loss: float) -> jax.Array:
+    """The z-loss's share of the objective it is added to, z·mean(log² Z) / (loss + that): how
+    much it acts (issue 54: an intervention that never acts cannot cost or help anything)."""
+    nll, log_z = token_nll(logits, targets)
+    total_weight = jnp.maximum(weights.sum(), 1.0)
+    # The z term on its own, not with_z − loss: float32 would round a share of 1e-4 away.
+    z_term = z_loss * ((log_z**2) * weights).sum() / total_weight
+    return z_term / ((nll * weights).sum() / total_weight + z_term)
+
+
+def make_diagnostics_step(graphdef, z_loss: float = 0.0):
+    """(state, batch) -> flat per-layer attention statistics from the reference path and, with
+    a z-loss, its share of the objective on the batch (`diag/z_loss_share`)."""
 
     def diagnostics_step(state: TrainState, batch: dict):
         model = nnx.merge(graphdef, state["params"], state["rest"])
-        _, layer_stats = model(batch["inputs"], with_diagnostics=True)
+        logits, layer_stats = model(batch["inputs"], with_diagnostics=True)
         out = {}
         for index, stats in enumerate(layer_stats):
             out.update(diagnostics.summarise_layer(stats, f"attn/layer{index}"))
+        if z_loss:
+            out["diag/z_loss_share"] = z_loss_share(logits, batch["targets"], batch["weights"],
+                                                    z_loss)
         return out
 
     return diagnostics_step
@@ -263,7 +277,7 @@ def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Progr
             train=jit(step, donate_argnums=0),
             train_members=jit(members, donate_argnums=0),
             eval=jit(make_eval_step(graphdef)),
-            diagnostics=jit(make_diagnostics_step(graphdef)),
+            diagnostics=jit(make_diagnostics_step(graphdef, z_loss)),
             train_kept=jit(step),
             train_members_kept=jit(members),
             seeded_step=step,
