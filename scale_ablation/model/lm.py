@@ -1,7 +1,8 @@
 """A small decoder-only byte-level language model in Flax NNX.
 
-Under `model.parametrization=mup` the token embedding's std and the readout's multiplier follow
-μP's width rules (`scale_ablation.model.parametrization`); under `sp` neither is touched.
+Under `model.parametrization=mup` the token embedding's std, the readout's multiplier and the
+init of other output weights follow μP's rules (`scale_ablation.model.parametrization`); under
+`sp` none is touched.
 `LanguageModel.coordinates` gives the mean |activation| of each family a coordinate check
 follows (`scale_ablation.training.coordinates`).
 
@@ -197,5 +198,11 @@ class LanguageModel(nnx.Module):
 
 
 def build_model(model: ModelConfig, rngs: nnx.Rngs) -> LanguageModel:
-    """The LanguageModel a ModelConfig describes (`ModelConfig.from_config` has checked it)."""
-    return LanguageModel(model, rngs=rngs)
+    """The LanguageModel a ModelConfig describes (`ModelConfig.from_config` has checked it);
+    under μP with its output weights' init rescaled (`base_shapes.rescale_init`)."""
+    lm = LanguageModel(model, rngs=rngs)
+    if parametrization.is_mup(model):
+        from scale_ablation.model import base_shapes  # local: base_shapes traces LanguageModel
+
+        base_shapes.rescale_init(lm, model)
+    return lm
