@@ -1,15 +1,20 @@
-r"""The coordinate check: mean |activation| per family against width, under SP and μP.
+r"""The coordinate check: mean |activation| per family against a scaled axis, per arm.
 
   python -m scale_ablation.coord_check --config=experiments/mup_transfer.py:cpu \
       --widths=64,128,256,512,1024 --steps=10 --seeds=3 --out=coord_cpu \
-      [--parametrizations=sp,mup] [--keep_policy] [--config.train.lr=0.01]
+      [--axis=width|head_dim|qk_dim] [--parametrizations=sp,mup,mup:inv_sqrt_dk] \
+      [--keep_policy] [--config.train.lr=0.01]
 
-Writes DIR/coord_check.json ({parametrization: {width: {quantity: [step 1..N]}}}, means over
-seeds), DIR/<quantity>.png (value against width, one line per step, log-log; one panel per
-parametrisation, as mup's `plot_coord_data`) and DIR/verdicts.json (per parametrisation and
-quantity the slope of log value against log width at the last step and its verdict, with the
-tolerance and each parametrisation's policy), and prints the verdicts. The rules:
-`scale_ablation.training.coordinates`. Bad input: one line, exit 2, nothing written.
+`--widths` are the sizes along `--axis`: d_model (`width`, the default), the head dim of q/k/v
+(`head_dim`) or of q/k alone (`qk_dim`) at the config's d_model and heads. An arm is
+`PARAMETRIZATION[:POLICY]`; a bare `mup` takes μP's `mup_inv_dk:<base d_k>` (the config's
+policy with `--keep_policy`), a bare `sp` the config's. Writes DIR/coord_check.json ({arm:
+{size: {quantity: [step 1..N]}}}, means over seeds), DIR/<quantity>.png (value against size,
+one line per step, log-log; one panel per arm, as mup's `plot_coord_data`) and
+DIR/verdicts.json (per arm and quantity the slope of log value against log size at the last
+step and its verdict, with the tolerance, the axis, its base and each arm's policy), and prints
+the verdicts. The rules: `scale_ablation.training.coordinates`. Bad input: one line, exit 2,
+nothing written.
 """
 
 from __future__ import annotations
@@ -30,11 +35,15 @@ from scale_ablation.training import experiment_files as experiment
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file, path.py[:variant].",
                                           lock_config=False)
-_WIDTHS = flags.DEFINE_string("widths", "64,128,256,512,1024", "d_model values, comma-separated.")
+_WIDTHS = flags.DEFINE_string("widths", "64,128,256,512,1024",
+                               "Sizes along --axis (d_model, or a head dim), comma-separated.")
+_AXIS = flags.DEFINE_enum("axis", "width", coordinates.AXES,
+                          "The scaled axis: d_model, q/k/v's head dim, or q/k's alone.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Train steps recorded per width.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds averaged per width.")
 _OUT = flags.DEFINE_string("out", None, "Output directory (created).")
-_PARAMS = flags.DEFINE_string("parametrizations", "sp,mup", "sp, mup or both.")
+_PARAMS = flags.DEFINE_string("parametrizations", "sp,mup",
+                               "Arms, PARAMETRIZATION[:POLICY] (sp or mup), comma-separated.")
 _KEEP_POLICY = flags.DEFINE_bool("keep_policy", False,
                                  "Under mup, keep the config's policy (default: mup_inv_dk).")
 
@@ -49,9 +58,9 @@ def parse_args() -> tuple[list[int], list[str]]:
     if len(set(widths)) < 2 or min(widths) < 1:
         raise ConfigError(f"--widths needs two or more distinct positive widths, got {widths}")
     names = [p.strip() for p in _PARAMS.value.split(",") if p.strip()]
-    if not names or any(p not in PARAMETRIZATIONS for p in names):
-        raise ConfigError(f"--parametrizations must list {' and/or '.join(PARAMETRIZATIONS)}, "
-                          f"got {_PARAMS.value!r}")
+    if not names or any(coordinates.split_arm(p)[0] not in PARAMETRIZATIONS for p in names):
+        raise ConfigError(f"--parametrizations must list arms of {' or '.join(PARAMETRIZATIONS)}"
+                          f" (each PARAMETRIZATION[:POLICY]), got {_PARAMS.value!r}")
     if _STEPS.value < 1 or _SEEDS.value < 1:
         raise ConfigError(f"--steps and --seeds must be >= 1, got {_STEPS.value}, {_SEEDS.value}")
     if not _OUT.value or os.path.isfile(_OUT.value):
@@ -59,8 +68,12 @@ def parse_args() -> tuple[list[int], list[str]]:
     return sorted(set(widths)), names
 
 
-def plot(data: coordinates.CoordData, quantity: str, path: str) -> None:
-    """Value against width, a line per step, log-log; a panel per parametrisation."""
+AXIS_LABELS = {"width": "width (d_model)", "head_dim": "head dim (q, k, v)",
+               "qk_dim": "q/k dim per head (d_k)"}
+
+
+def plot(data: coordinates.CoordData, quantity: str, path: str, axis: str = "width") -> None:
+    """Value against size, a line per step, log-log; a panel per arm."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -74,7 +87,7 @@ def plot(data: coordinates.CoordData, quantity: str, path: str) -> None:
             ax.plot([int(w) for w in widths], [by_width[w][quantity][step] for w in widths],
                     marker="o", markersize=3, color=(0.1, 0.3 * shade, shade),
                     label=f"step {step + 1}" if step in (0, num_steps - 1) else None)
-        ax.set(xscale="log", yscale="log", xlabel="width (d_model)", title=f"{name}: {quantity}")
+        ax.set(xscale="log", yscale="log", xlabel=AXIS_LABELS[axis], title=f"{name}: {quantity}")
         ax.set_xticks([int(w) for w in widths], labels=widths, minor=False)
         ax.minorticks_off()
         ax.legend(fontsize=7)
@@ -84,19 +97,28 @@ def plot(data: coordinates.CoordData, quantity: str, path: str) -> None:
     os.replace(partial, path)
 
 
+def base_size(config, sizes: list[int]) -> int:
+    """μP's base along the axis: the config's base_d_model for the width (else the smallest
+    width), the smallest size along a head dim."""
+    if _AXIS.value == "width":
+        return config.model.get("base_d_model", 0) or min(sizes)
+    return min(sizes)
+
+
 def run(config, widths: list[int], names: list[str]) -> dict:
-    base = config.model.get("base_d_model", 0) or min(widths)
-    configs = {name: {w: coordinates.width_config(config, w, name, base,
-                                                  mup_attention=not _KEEP_POLICY.value)
+    axis, base = _AXIS.value, base_size(config, widths)
+    configs = {name: {w: coordinates.axis_config(config, axis, w, name, base,
+                                                 mup_attention=not _KEEP_POLICY.value)
                       for w in widths} for name in names}  # ConfigError before any write
     data = coordinates.coord_data(configs, _STEPS.value, _SEEDS.value)
     os.makedirs(_OUT.value, exist_ok=True)
     jsonfiles.write_text_atomic(os.path.join(_OUT.value, "coord_check.json"),
                                 json.dumps(data, indent=1))
     for quantity in coordinates.QUANTITIES:
-        plot(data, quantity, os.path.join(_OUT.value, f"{quantity}.png"))
+        plot(data, quantity, os.path.join(_OUT.value, f"{quantity}.png"), axis)
     found = coordinates.verdicts(data)
-    summary = {"tolerance": coordinates.SLOPE_TOLERANCE, "base_d_model": base, "widths": widths,
+    summary = {"tolerance": coordinates.SLOPE_TOLERANCE, "axis": axis, "base": base,
+               **({"base_d_model": base} if axis == "width" else {}), "widths": widths,
                "steps": _STEPS.value, "seeds": _SEEDS.value, "lr": config.train.lr,
                "policy": {n: configs[n][widths[0]].policy for n in names}, "slopes": found}
     jsonfiles.write_text_atomic(os.path.join(_OUT.value, "verdicts.json"),
@@ -121,7 +143,7 @@ def main(argv: list[str]) -> int:
         return 2
     for name, by_quantity in found.items():
         for quantity, result in by_quantity.items():
-            print(f"{name:4s} {quantity:14s} slope {result['slope']:+.2f}  {result['verdict']}")
+            print(f"{name:16s} {quantity:14s} slope {result['slope']:+.2f}  {result['verdict']}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The coordinate check on a tiny model: its own output's slopes grow with width under SP and
-stay flat under μP (mup's get_coord_data; Yang et al. 2022, Fig. 5); bad input is one line."""
+stay flat under μP (mup's get_coord_data; Yang et al. 2022, Fig. 5), and along the head dim the
+attention output grows under SP and not under head-dim μP; bad input is one line."""
 
 import json
 import subprocess
@@ -22,6 +23,9 @@ def coord_check(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("flag, says", [("--widths=32,abc", "--widths"),
                                         ("--parametrizations=sp,xp", "--parametrizations"),
                                         ("--widths=32,33", "whole head dims"),
+                                        ("--parametrizations=sp,xp:inv_dk", "--parametrizations"),
+                                        ("--axis=depth", "--axis"),
+                                        ("--parametrizations=mup:nope", "nope"),
                                         ("--config.model.nope=1", "nope")])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, flag, says):
     out = tmp_path / "out"
@@ -54,3 +58,25 @@ def test_grows_under_sp_and_stays_flat_under_mup(tmp_path):
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
     assert verdicts["slopes"]["mup"]["residual"]["verdict"] == "flat"
     assert {p.name for p in tmp_path.glob("*.png")} == {f"{q}.png" for q in last["sp"]}
+
+
+@pytest.mark.slow  # minutes on 2 cores: `-m slow`
+def test_along_the_head_dim_the_attention_output_grows_under_sp_only(tmp_path):
+    """d_model 32, 2 heads, head dims 16…256: SP's output projection takes Adam's full step on a
+    fan-in that grows, so its output grows; μP's output weight (× 16/d_v) does not, whichever
+    scale the logits take."""
+    arms = "sp:inv_sqrt_dk,mup,mup:inv_sqrt_dk"
+    result = coord_check("--axis=head_dim", "--widths=16,64,256", "--steps=6", "--seeds=1",
+                         f"--parametrizations={arms}", f"--out={tmp_path}", *TINY)
+    assert result.returncode == 0, result.stderr
+    verdicts = json.loads((tmp_path / "verdicts.json").read_text())
+    assert (verdicts["axis"], verdicts["base"]) == ("head_dim", 16)
+    assert verdicts["policy"] == {"sp:inv_sqrt_dk": "inv_sqrt_dk", "mup": "mup_inv_dk:16",
+                                  "mup:inv_sqrt_dk": "inv_sqrt_dk"}
+    slopes = {arm: {q: v["slope"] for q, v in by_q.items()}
+              for arm, by_q in verdicts["slopes"].items()}
+    assert slopes["sp:inv_sqrt_dk"]["attn_output"] > 0.5
+    for arm in ("mup", "mup:inv_sqrt_dk"):
+        assert slopes[arm]["attn_output"] < 0.1, arm
+    # 1/√d_k lets the logits grow once q and k align; μP's 1/d_k does not.
+    assert slopes["mup:inv_sqrt_dk"]["attn_logits"] > slopes["mup"]["attn_logits"] + 0.3

@@ -1,20 +1,23 @@
-"""Activation coordinates per width (mup's `get_coord_data`, Yang et al. 2022 §D): train each
-width a few steps and record the mean |x| of each activation family at every step; the command
-that plots and judges them is `scale_ablation.coord_check`.
+"""Activation coordinates along a scaled axis (mup's `get_coord_data`, Yang et al. 2022 §D):
+train each size a few steps and record the mean |x| of each activation family at every step;
+the command that plots and judges them is `scale_ablation.coord_check`.
 
 Rules, stated once:
-- Width w sets `model.d_model = w` and `model.head_dim = w · head_dim / d_model` of the config
-  (the heads' count fixed, so d_k grows with the width: the axis the attention scale acts on).
-  μP's base shape is the config's `model.base_d_model` (else the smallest width), with its
-  head dim by the same ratio.
-- Under μP the attention scale is μP's own `mup_inv_dk:<base head dim>` unless told to keep
-  the config's policy; under SP the config's policy is used.
+- The axis (`AXES`): `width` sets `model.d_model = w` and `model.head_dim = w · head_dim /
+  d_model` of the config (the heads' count fixed, so d_k grows with the width: the axis the
+  attention scale acts on); its μP base is the config's `model.base_d_model` (else the smallest
+  width), with its head dim by the same ratio. `head_dim` sets the head dim of q, k and v
+  together (`model.qk_dim` 0) at the config's d_model and heads; `qk_dim` sets q/k's alone, the
+  value width the config's. Along either, μP's base is the smallest size and d_model its own
+  (head-dim μP: `model.parametrization`).
+- An arm is `PARAMETRIZATION[:POLICY]`. Without a policy, under μP the attention scale is μP's
+  own `mup_inv_dk:<base d_k>` unless told to keep the config's policy, and under SP the config's.
 - The learning rate is constant (no warmup; the schedule's cosine stretched over 10⁶ steps),
   as in mup's check. The value "at step t" is the forward pass on step t's batch before its
   update: step 1 is the initialisation.
-- The verdict of a quantity is the least-squares slope of log value against log width at the
+- The verdict of a quantity is the least-squares slope of log value against log size at the
   last step, averaged over seeds first: "flat" when |slope| <= tolerance, else "grows" or
-  "shrinks". SLOPE_TOLERANCE = 0.25: under a quarter of a power of the width (x1.19 per
+  "shrinks". SLOPE_TOLERANCE = 0.25: under a quarter of a power of the size (x1.19 per
   doubling), against the slope of 1 that SP's Adam gives the output logits and 0.5 that μP's
   readout gives them at initialisation.
 """
@@ -40,24 +43,51 @@ QUANTITIES = ("embedding", "attn_logits", "attn_output", "mlp_output", "residual
 SLOPE_TOLERANCE = 0.25
 CONSTANT_LR_STEPS = 10**6  # the cosine's length: its value after 10 steps is 1 - 2e-10
 
-CoordData = dict[str, dict[str, dict[str, list[float]]]]  # param -> width -> quantity -> steps
+CoordData = dict[str, dict[str, dict[str, list[float]]]]  # arm -> size -> quantity -> steps
 
 
-def width_config(config: ml_collections.ConfigDict, width: int, parametrization: str,
-                 base_width: int, *, mup_attention: bool = True) -> ml_collections.ConfigDict:
-    """The config of one width (see the module's rules); ConfigError naming a bad field."""
-    d_model, head_dim = config.model.d_model, config.model.head_dim
-    if (width * head_dim) % d_model or (base_width * head_dim) % d_model:
-        raise ConfigError(f"--widths: {width} (and the base {base_width}) times model.head_dim="
-                          f"{head_dim} / model.d_model={d_model} must be whole head dims")
-    base_head_dim = base_width * head_dim // d_model
-    overrides = {"model.d_model": width, "model.head_dim": width * head_dim // d_model,
-                 "model.parametrization": parametrization, "model.base_d_model": base_width,
-                 "model.base_head_dim": base_head_dim, "train.warmup_steps": 0,
-                 "train.steps": CONSTANT_LR_STEPS}
-    if parametrization == "mup" and mup_attention:
-        overrides["policy"] = f"mup_inv_dk:{base_head_dim}"
-        overrides["layer_policies"] = ""
+AXES = ("width", "head_dim", "qk_dim")
+
+
+def split_arm(arm: str) -> tuple[str, str | None]:
+    """"mup:inv_sqrt_dk" -> ("mup", "inv_sqrt_dk"); "sp" -> ("sp", None)."""
+    parametrization, _, policy = arm.partition(":")
+    return parametrization, policy or None
+
+
+def _axis_overrides(config: ml_collections.ConfigDict, axis: str, size: int,
+                    base: int) -> tuple[dict, int]:
+    """(the overrides of one size along `axis`, the base model's d_k); ConfigError naming a bad
+    size."""
+    m = config.model
+    if axis == "width":
+        if (size * m.head_dim) % m.d_model or (base * m.head_dim) % m.d_model:
+            raise ConfigError(f"--widths: {size} (and the base {base}) times model.head_dim="
+                              f"{m.head_dim} / model.d_model={m.d_model} must be whole head dims")
+        base_head_dim = base * m.head_dim // m.d_model
+        return {"model.d_model": size, "model.head_dim": size * m.head_dim // m.d_model,
+                "model.base_d_model": base, "model.base_head_dim": base_head_dim}, base_head_dim
+    fixed = {"model.base_d_model": m.d_model}
+    if axis == "head_dim":
+        return {**fixed, "model.head_dim": size, "model.qk_dim": 0,
+                "model.base_head_dim": base}, base
+    return {**fixed, "model.qk_dim": size, "model.base_head_dim": m.head_dim}, base
+
+
+def axis_config(config: ml_collections.ConfigDict, axis: str, size: int, arm: str, base: int,
+                *, mup_attention: bool = True) -> ml_collections.ConfigDict:
+    """The config of one size along `axis` under `arm` (see the module's rules); ConfigError
+    naming a bad field."""
+    if axis not in AXES:
+        raise ConfigError(f"--axis must be one of {', '.join(AXES)}, got {axis!r}")
+    overrides, base_dk = _axis_overrides(config, axis, size, base)
+    parametrization, policy = split_arm(arm)
+    overrides |= {"model.parametrization": parametrization, "train.warmup_steps": 0,
+                  "train.steps": CONSTANT_LR_STEPS}
+    if policy is None and parametrization == "mup" and mup_attention:
+        policy = f"mup_inv_dk:{base_dk}"
+    if policy is not None:
+        overrides |= {"policy": policy, "layer_policies": ""}
     out = apply_overrides(config, overrides)
     run_config.validate(out)
     return out
@@ -95,7 +125,7 @@ def run_seed(config: ml_collections.ConfigDict, num_steps: int, seed: int) -> di
 
 def coord_data(configs: dict[str, dict[int, ml_collections.ConfigDict]], num_steps: int,
                seeds: int) -> CoordData:
-    """parametrisation -> width -> quantity -> mean over seeds at each step."""
+    """arm -> size -> quantity -> mean over seeds at each step."""
     out: CoordData = {}
     for name, by_width in configs.items():
         out[name] = {}
@@ -107,7 +137,7 @@ def coord_data(configs: dict[str, dict[int, ml_collections.ConfigDict]], num_ste
 
 
 def slope(widths: list[int], values: list[float]) -> float:
-    """Least-squares slope of log value against log width."""
+    """Least-squares slope of log value against log size."""
     x, y = np.log(np.asarray(widths, float)), np.log(np.asarray(values, float))
     return float(np.polyfit(x, y, 1)[0])
 
@@ -119,7 +149,7 @@ def verdict(value: float, tolerance: float = SLOPE_TOLERANCE) -> str:
 
 
 def verdicts(data: CoordData, tolerance: float = SLOPE_TOLERANCE) -> dict[str, dict[str, dict]]:
-    """parametrisation -> quantity -> {"slope", "verdict"} at the last step."""
+    """arm -> quantity -> {"slope", "verdict"} at the last step."""
     out = {}
     for name, by_width in data.items():
         widths = sorted(by_width, key=int)
