@@ -60,7 +60,7 @@ Variants and budget:
 
 from experiments import base
 from scale_ablation.analysis import claims as claims_lib
-from scale_ablation.analysis import exponent
+from scale_ablation.analysis import exponent_claims
 from scale_ablation.model import scale_family
 
 INITS = ("fan_in", "gpt2")
@@ -168,18 +168,18 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
             where = "" if d_k_range is None else f", d_k {d_k_range[0]}–{d_k_range[1]}"
             out.append(claims_lib.Claim(
                 f"The optimal scale is ∝ d_k^(−1/2) ({init} init{where})",
-                exponent.Exponent(init, d_k_range=d_k_range), source="article §2.3"))
+                exponent_claims.Exponent(init, d_k_range=d_k_range), source="article §2.3"))
             out.append(claims_lib.Claim(
                 f"The optimal scale is ∝ d_k^(−1), μP's 1/d_k ({init} init{where})",
-                exponent.Exponent(init, expected=-1.0, d_k_range=d_k_range),
+                exponent_claims.Exponent(init, expected=-1.0, d_k_range=d_k_range),
                 source="Yang et al. 2022"))
         out.append(claims_lib.Claim(
             f"One power law describes the optimal scale over every d_k run ({init} init)",
-            exponent.OnePowerLaw(init), source="issue 53"))
+            exponent_claims.OnePowerLaw(init), source="issue 53"))
         out.append(claims_lib.Claim(
             f"1/√d_k is within 0.02 bits per byte of the best scale at every d_k ({init} init)",
-            exponent.ScaleCost(init), source="article §2.3"))
+            exponent_claims.ScaleCost(init), source="article §2.3"))
         out.append(claims_lib.Claim(
             f"The optimal scale's exponent is the same halfway through training and at the end "
-            f"({init} init)", exponent.ExponentShift(init), source="issue 29"))
+            f"({init} init)", exponent_claims.ExponentShift(init), source="issue 29"))
     return out

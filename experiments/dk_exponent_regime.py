@@ -11,7 +11,7 @@ trained for 200 or for 1,600 steps with its own cosine schedule (not a snapshot 
 
 Claims, per init and per budget: α within −1/2 ± 1/4 and within −1 ± 1/4 over all d_k, one
 power law, 1/√d_k within 0.02 bits per byte of the best C at every d_k; and per init, α the same
-at the two budgets (`exponent.ExponentShift` with `budgets`). Each budget locates its own LR and
+at the two budgets (`exponent_claims.ExponentShift` with `budgets`). Each budget locates its own LR and
 C* (analysis/located.py: both re-chosen in every posterior draw).
 
 Variants:
@@ -35,7 +35,7 @@ Variants:
 
 from experiments import base, dk_exponent
 from scale_ablation.analysis import claims as claims_lib
-from scale_ablation.analysis import exponent
+from scale_ablation.analysis import exponent_claims
 
 INITS = dk_exponent.INITS
 # model: (d_model, heads, layers); data: (batch, seq_len); q/k dims; C per init; LRs; seeds;
@@ -98,19 +98,19 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
             where = f"{init} init, runs of {steps} steps"
             out += [
                 claims_lib.Claim(f"The optimal scale is ∝ d_k^(−1/2) ({where})",
-                                 exponent.Exponent(init, steps=steps), source="article §2.3"),
+                                 exponent_claims.Exponent(init, steps=steps), source="article §2.3"),
                 claims_lib.Claim(f"The optimal scale is ∝ d_k^(−1), μP's 1/d_k ({where})",
-                                 exponent.Exponent(init, expected=-1.0, steps=steps),
+                                 exponent_claims.Exponent(init, expected=-1.0, steps=steps),
                                  source="Yang et al. 2022"),
                 claims_lib.Claim(f"One power law describes the optimal scale ({where})",
-                                 exponent.OnePowerLaw(init, steps=steps), source="issue 53"),
+                                 exponent_claims.OnePowerLaw(init, steps=steps), source="issue 53"),
                 claims_lib.Claim(f"1/√d_k is within 0.02 bits per byte of the best scale at "
-                                 f"every d_k ({where})", exponent.ScaleCost(init, steps=steps),
+                                 f"every d_k ({where})", exponent_claims.ScaleCost(init, steps=steps),
                                  source="article §2.3")]
         if len(budgets) < 2:
             continue
         out.append(claims_lib.Claim(
             f"The optimal scale's exponent is the same after {budgets[0]} and {budgets[1]} "
             f"steps, each a run of its own ({init} init)",
-            exponent.ExponentShift(init, budgets=budgets), source="issue 53"))
+            exponent_claims.ExponentShift(init, budgets=budgets), source="issue 53"))
     return out

@@ -162,7 +162,7 @@ class ScaleExponent:
     and a bootstrap over seeds) excludes −1 and 0 and lies within expected ± margin; contradicted
     when it lies wholly outside; otherwise, or with a d_k whose best LR is on its grid's edge,
     or fewer than three d_k, inconclusive. A decision by interval at 95%, not part of the Holm
-    family (as `exponent.Exponent`)."""
+    family (as `exponent_claims.Exponent`)."""
 
     policy: str
     expected: float = -0.5

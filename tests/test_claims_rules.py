@@ -374,8 +374,8 @@ def test_unstable_kinds_count_only_the_named_failures_within_one_init():
     rule = c.Unstable(("none",), kinds=("diverged", "spiked"))
     fan_in = verdict(c.Within(rule, where=(("model.init", "fan_in"),)), rows)
     assert fan_in.verdict == "contradicted", fan_in
-    assert fan_in.numbers == ("none, d_k=64: no run diverged or spiked at LR 0.003; 3 diverged, "
-                              "3 spiked, 3 not learning of 9 runs",)
+    assert fan_in.numbers == ("none, d_k=64: LRs where no run diverged or spiked: 0.003; "
+                              "3 diverged, 3 spiked, 3 not learning of 9 runs",)
     assert verdict(c.Within(rule, where=(("model.init", "gpt2"),)), rows).verdict == "supported"
     every_kind = verdict(c.Within(c.Unstable(("none",)), where=(("model.init", "fan_in"),)), rows)
     assert every_kind.verdict == "supported", every_kind  # not learning is a failure there

@@ -17,7 +17,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from experiments import dk_exponent
-from scale_ablation.analysis import exponent, exponent_plots, optimum
+from scale_ablation.analysis import exponent, exponent_claims, exponent_plots, optimum
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.analysis.verdicts import judge_family
 from scale_ablation.model import policies, scale_family
@@ -44,7 +44,7 @@ def synthetic_rows(k: float, *, c0: float = 1.0, seeds=(0, 1, 2), noise: float =
                            "seed": seed, "status": "completed",
                            "override:model.init": init, "baseline_bigram_bpb": 3.6,
                            "baseline_unigram_bpb": 4.9}
-                    for name, power in ((key, k), (exponent.EARLY_KEY, early_k)):
+                    for name, power in ((key, k), (exponent_claims.EARLY_KEY, early_k)):
                         if power is None:
                             continue
                         star = c0 * d_k**power
@@ -122,7 +122,7 @@ def test_the_interval_covers_the_true_slope_and_curvature_in_most_trials():
 def test_one_power_law_and_the_scale_cost_rules():
     """A straight log c* passes OnePowerLaw, a strongly bent one fails it; 1/√d_k at the true
     optimum (k = 0, c0 = 1) costs nothing, while c* = 1/8 puts it 0.05·ln²8 = 0.22 above."""
-    assert exponent.OnePowerLaw("fan_in").judge(synthetic_rows(0.0, noise=0.003)).verdict \
+    assert exponent_claims.OnePowerLaw("fan_in").judge(synthetic_rows(0.0, noise=0.003)).verdict \
         == "supported"
     bent = synthetic_rows(0.0, noise=0.003)
     for row in bent:  # c* = d_k^(0.5·(ln d_k − ln 32)): curvature 0.5 in ln d_k
@@ -130,10 +130,10 @@ def test_one_power_law_and_the_scale_cost_rules():
         c = scale_family.multiplier(row["policy"])
         row["final_val_bpb"] = (2.5 + 0.05 * math.log(c / star) ** 2
                                 + math.log10(row["lr"] / LR_STAR) ** 2)
-    assert exponent.OnePowerLaw("fan_in").judge(bent).verdict == "contradicted"
-    assert exponent.ScaleCost("fan_in").judge(synthetic_rows(0.0, noise=0.003)).verdict \
+    assert exponent_claims.OnePowerLaw("fan_in").judge(bent).verdict == "contradicted"
+    assert exponent_claims.ScaleCost("fan_in").judge(synthetic_rows(0.0, noise=0.003)).verdict \
         == "supported"
-    far = exponent.ScaleCost("fan_in").judge(synthetic_rows(0.0, c0=1 / 8, noise=0.003))
+    far = exponent_claims.ScaleCost("fan_in").judge(synthetic_rows(0.0, c0=1 / 8, noise=0.003))
     assert far.verdict == "contradicted", far
     assert any("1/√d_k costs 0.216" in line for line in far.numbers), far.numbers
 
@@ -143,7 +143,7 @@ def test_one_power_law_and_the_scale_cost_rules():
     (-0.5, -1.0, "supported"), (0.0, -1.0, "contradicted")])  # α = k − 1/2
 def test_the_exponent_rule_on_known_exponents(k, expected, verdict):
     rows = synthetic_rows(k, noise=0.003)
-    result = exponent.Exponent("fan_in", expected=expected).judge(rows)
+    result = exponent_claims.Exponent("fan_in", expected=expected).judge(rows)
     assert result.verdict == verdict, result
     assert any("α =" in line for line in result.numbers)
 
@@ -153,8 +153,8 @@ def test_an_interval_holding_another_candidate_is_no_support(monkeypatch):
     widened to ±0.6 around −1 reaches −1/2, so an interval can be inside it and hold −1/2."""
     found = types.SimpleNamespace(alpha_ci=(-1.3, -0.45), unsettled={})
     monkeypatch.setattr(exponent, "fit", lambda *args, **kwargs: found)
-    monkeypatch.setattr(exponent, "fit_lines", lambda fitted: [])
-    wide = exponent.Exponent("fan_in", expected=-1.0, margin=0.6)  # the band: [−1.6, −0.4]
+    monkeypatch.setattr(exponent_claims, "fit_lines", lambda *args: [])
+    wide = exponent_claims.Exponent("fan_in", expected=-1.0, margin=0.6)  # the band: [−1.6, −0.4]
     assert wide.judge([]).verdict == "inconclusive"  # holds −1/2
     found.alpha_ci = (-1.3, -0.55)
     assert wide.judge([]).verdict == "supported"
@@ -166,18 +166,18 @@ def test_a_c_star_beyond_the_grid_is_a_bound_and_names_the_next_c():
     assert set(found.unsettled) == set(D_KS)
     assert optimum.refine_points((0.5, 1.0, 2.0, 4.0), [3.0, 2.0, 1.0, 0.5]) == [8.0]
     assert "run c = 8" in found.unsettled[8]
-    assert exponent.Exponent("fan_in").judge(rows).verdict == "inconclusive"
+    assert exponent_claims.Exponent("fan_in").judge(rows).verdict == "inconclusive"
 
 
 def test_one_seed_leaves_the_exponent_inconclusive():
     rows = synthetic_rows(0.0, seeds=(0,))
-    assert exponent.Exponent("fan_in").judge(rows).verdict == "inconclusive"
+    assert exponent_claims.Exponent("fan_in").judge(rows).verdict == "inconclusive"
 
 
 @pytest.mark.parametrize(("early_k", "verdict"), [(0.0, "supported"), (-0.5, "contradicted")])
 def test_the_shift_rule_compares_alpha_at_two_budgets(early_k, verdict):
     rows = synthetic_rows(0.0, early_k=early_k, noise=0.003)
-    result = exponent.ExponentShift("fan_in").judge(rows)
+    result = exponent_claims.ExponentShift("fan_in").judge(rows)
     assert result.verdict == verdict, result
 
 
@@ -278,7 +278,7 @@ def test_quick_sweep_runs_end_to_end_and_reports_the_exponent(tmp_path):
     rows = [report.summarise_run(run) for run in report.load_runs(str(tmp_path))]
     assert len(rows) == len(dk_exponent.sweep("quick"))
     assert {r["d_k"] for r in rows} == {8, 32}
-    assert all(r["status"] == "completed" and r[exponent.EARLY_KEY] is not None for r in rows)
+    assert all(r["status"] == "completed" and r[exponent_claims.EARLY_KEY] is not None for r in rows)
     assert all(r["final_logit_std"] is not None for r in rows)
     assert {8, 32} == set(exponent.c_curves(rows, "fan_in"))
     out = tmp_path / "report"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from experiments import dk_exponent_regime as regime
-from scale_ablation.analysis import exponent
+from scale_ablation.analysis import exponent, exponent_claims
 from scale_ablation.model import scale_family
 
 LR_STAR = 2e-3
@@ -47,6 +47,6 @@ def test_each_budget_is_fitted_on_its_own_runs():
     long = exponent.fit(rows, "fan_in", steps=1600, n_draws=20)
     assert short.slope == pytest.approx(-0.5, abs=1e-9)
     assert long.slope == pytest.approx(0.0, abs=1e-9)
-    shift = exponent.ExponentShift("fan_in", budgets=(200, 1600)).judge(rows)
+    shift = exponent_claims.ExponentShift("fan_in", budgets=(200, 1600)).judge(rows)
     assert shift.verdict == "contradicted", shift
     assert any("Δα = +0.500" in line for line in shift.numbers), shift.numbers

@@ -16,6 +16,7 @@ import statistics
 from collections import defaultdict
 
 from scale_ablation.analysis import intervals
+from scale_ablation.records.run_files import FINISHED
 
 DEFAULT_REFERENCE = "inv_sqrt_dk"
 # The table's own axes: every other override makes a separate variant, so that runs differing
@@ -345,3 +346,8 @@ def log10_rows(rows: list[dict], key: str) -> list[dict]:
         ok = isinstance(value, (int, float)) and math.isfinite(value) and value > 0
         return math.log10(value) if ok else None
     return [{**r, key: log(r.get(key))} for r in rows]
+
+
+def finished_rows(rows: list[dict]) -> list[dict]:
+    """The rows of runs that finished (completed or diverged): all a verdict rests on."""
+    return [r for r in rows if r.get("status") in FINISHED]

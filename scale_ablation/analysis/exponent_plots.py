@@ -20,12 +20,12 @@ import math
 import numpy as np
 from matplotlib.figure import Figure
 
-from scale_ablation.analysis import exponent, intervals, located
+from scale_ablation.analysis import exponent, intervals, located, tolerance
 from scale_ablation.analysis import plot_style as look
 from scale_ablation.analysis.plot_groups import Grid
 from scale_ablation.model import scale_family
 
-TOLERANCE = 0.02  # bits per byte: exponent.ScaleCost's margin
+TOLERANCE = 0.02  # bits per byte: exponent_claims.ScaleCost's margin
 N_DRAWS = 400  # the c* lines only need the point estimates: few draws
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")  # one per init
 BOUND_STYLE = "--"  # loss_vs_c's c* line where the claims count it as a bound, not a location
@@ -107,7 +107,7 @@ def _tolerance_bars(ax, rows: list[dict], init: str, key: str, colour: str) -> N
     translucent bar, cut at the grid where the range reaches past it."""
     for d_k, grid in located.c_grids(exponent.init_rows(rows, init), key).items():
         try:
-            found = located.tolerance(grid, TOLERANCE, n_draws=N_DRAWS)
+            found = tolerance.tolerance(grid, TOLERANCE, n_draws=N_DRAWS)
         except ValueError:  # no finished c, or one seed
             continue
         cs = [p[0] for p in grid]

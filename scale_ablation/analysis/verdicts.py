@@ -51,7 +51,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from scale_ablation.analysis import acted, failures, intervals, significance
+from scale_ablation.analysis import acted, intervals, significance
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis.claims import (
     OPPOSITE,
@@ -67,7 +67,7 @@ from scale_ablation.analysis.claims import (
 )
 from scale_ablation.analysis.verdict_bands import judge_band
 from scale_ablation.analysis.verdict_counts import Counting, Divergences, Test, p_text, split_of
-from scale_ablation.records.run_files import FINISHED
+from scale_ablation.analysis.verdict_unstable import judge_unstable
 
 ALPHA = significance.ALPHA
 LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned beyond counting
@@ -90,17 +90,12 @@ def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
         out.append("one learning rate per setting: no policy is compared at its own best LR")
     bigram = [r["baseline_bigram_bpb"] for r in rows if r.get("baseline_bigram_bpb") is not None]
     values = [v for r in rows if (v := cmp.finished_value(r, "final_val_bpb")) is not None]
-    if rows and not finished_rows(rows):
+    if rows and not cmp.finished_rows(rows):
         out.append(f"no run finished: none of its {len(rows)} runs has a result")
     elif bigram and values and min(values) > min(bigram) - LEARNED_MARGIN:
         out.append(f"no run learned: the best ends at {min(values):.3f} bits per byte, not "
                    f"{LEARNED_MARGIN} below the bigram baseline's {min(bigram):.3f}")
     return out
-
-
-def finished_rows(rows: list[dict]) -> list[dict]:
-    """The rows of runs that finished (completed or diverged): all a verdict rests on."""
-    return [r for r in rows if r.get("status") in FINISHED]
 
 
 def _arms(rule: object, rows: list[dict]) -> list[dict]:
@@ -117,7 +112,7 @@ def _with_finished_count(verdict: Verdict, rule: object, rows: list[dict]) -> Ve
     """`verdict` saying how many of its arms' runs finished when some did not; inconclusive
     when none did (no rule can rest on no runs)."""
     arms = _arms(rule, rows)
-    done = len(finished_rows(arms))
+    done = len(cmp.finished_rows(arms))
     if done == len(arms):
         return verdict
     count = f"{done} of {len(arms)} runs of its arms finished"
@@ -261,96 +256,6 @@ def _paired_own_lr(rows: list[dict], reference: str, key: str,
     return out
 
 
-# --------------------------------------------------------------------------- trains smoothly
-
-
-SMOOTH, ROUGH, UNKNOWN = "smooth", "rough", "unknown"
-
-
-def _lr_standing(runs: list[dict], kinds: tuple[str, ...] = ()) -> str:
-    """ROUGH when a finished run has a failure kind (one of `kinds`, when given), SMOOTH when
-    every run completed with none, UNKNOWN otherwise (some run has no result: it counts neither
-    way)."""
-    done = finished_rows(runs)
-    def rough(r: dict) -> bool:
-        found = failures.row_failures(r)
-        return bool(set(found) & set(kinds)) if kinds else bool(found or r["status"] != "completed")
-    if any(rough(r) for r in done):
-        return ROUGH
-    return SMOOTH if len(done) == len(runs) else UNKNOWN
-
-
-def _lr_standings(rows: list[dict], kinds: tuple[str, ...] = ()
-                  ) -> dict[tuple[str, int], dict[float, str]]:
-    """(policy, d_k) -> learning rate -> its standing (`_lr_standing`), in LR order."""
-    by_lr: dict = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        by_lr[(r["policy"], r["d_k"])][r["lr"]].append(r)
-    return {group: {lr: _lr_standing(lrs[lr], kinds) for lr in sorted(lrs)}
-            for group, lrs in by_lr.items()}
-
-
-def _smooth_lrs(rows: list[dict]) -> dict[tuple[str, int], list[float]]:
-    """(policy, d_k) -> the learning rates at which every run completed with no failure of the
-    taxonomy (an empty list when there is none)."""
-    return {group: [lr for lr, s in lrs.items() if s == SMOOTH]
-            for group, lrs in _lr_standings(rows).items()}
-
-
-def _failure_counts(runs: list[dict]) -> str:
-    done = finished_rows(runs)
-    counts = {kind: sum(kind in failures.row_failures(r) for r in done)
-              for kind in failures.FAILURE_KINDS}
-    found = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items() if n)
-    unfinished = len(runs) - len(done)
-    return (f"{found or 'no failures'} of {len(done)} runs"
-            + (f" ({unfinished} more without a result)" if unfinished else ""))
-
-
-def _unstable_line(policy: str, d_k: int, lrs: dict[float, str], runs: list[dict],
-                   kinds: tuple[str, ...] = ()) -> str:
-    def listed(standing: str) -> str:
-        return ", ".join(f"{lr:.3g}" for lr, s in lrs.items() if s == standing)
-    unknown, smooth = listed(UNKNOWN), listed(SMOOTH)
-    label = ("smooth" if not kinds else
-             "no run " + " or ".join(k.replace("_", " ") for k in kinds))
-    return (f"{policy}, d_k={d_k}: {label} " + (f"at LR {smooth}; " if smooth else "at no LR; ")
-            + (f"unknown at LR {unknown} (runs without a result); " if unknown else "")
-            + _failure_counts(runs))
-
-
-def _judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verdict:
-    rows = [r for r in rows if r["policy"] in rule.policies and r["d_k"] >= rule.min_d_k]
-    standings = _lr_standings(rows, rule.kinds)
-    numbers = tuple(_unstable_line(policy, d_k, lrs, [r for r in rows
-                                                      if (r["policy"], r["d_k"]) == (policy, d_k)],
-                                   rule.kinds)
-                    for (policy, d_k), lrs in standings.items())
-    if not standings:
-        return Verdict("inconclusive", "no runs of these policies", numbers)
-    def named(test) -> str:
-        return "; ".join(f"{p} d_k={d}" for (p, d), lrs in standings.items()
-                         if test(set(lrs.values())))
-    trains = named(lambda found: SMOOTH in found)
-    fails = named(lambda found: found == {ROUGH})
-    unknown = named(lambda found: UNKNOWN in found and SMOOTH not in found)
-    if caveats:
-        return Verdict("inconclusive", "this sweep cannot tell (see the caveats)", numbers)
-    if rule.expect_unstable:
-        if trains:
-            return Verdict("contradicted", f"trains smoothly at some LR: {trains}", numbers)
-        if unknown:
-            return Verdict("inconclusive", "some learning rates have runs without a result: "
-                           f"{unknown}", numbers)
-        return Verdict("supported", "no learning rate trains smoothly", numbers)
-    if fails:
-        return Verdict("contradicted", f"no learning rate trains smoothly: {fails}", numbers)
-    if unknown:
-        return Verdict("inconclusive", "no learning rate known to train smoothly, some with "
-                       f"runs without a result: {unknown}", numbers)
-    return Verdict("supported", "every policy trains smoothly at some learning rate", numbers)
-
-
 # --------------------------------------------------------------------------- the family
 
 
@@ -372,7 +277,7 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
         rule, every_row = _flatten(claim, rows)
         arms.append((rule, every_row))
         # Unstable sees the unfinished runs too: they make an LR unknown, never rough.
-        claim_rows = every_row if isinstance(rule, Unstable) else finished_rows(every_row)
+        claim_rows = every_row if isinstance(rule, Unstable) else cmp.finished_rows(every_row)
         if isinstance(rule, Compare):
             margin = rule.margin if rule.margin is not None else (floor and floor.median)
             parts.append(_Comparison(rule, claim_rows, margin))
@@ -392,8 +297,8 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
         elif isinstance(part[0], Band):
             verdict = judge_band(part[0], part[1])
         else:
-            verdict = _judge_unstable(part[0], part[1], caveats)
-        verdict = acted.annotate(verdict, rule, finished_rows(every_row))
+            verdict = judge_unstable(part[0], part[1], caveats)
+        verdict = acted.annotate(verdict, rule, cmp.finished_rows(every_row))
         out.append(_with_finished_count(verdict, rule, every_row))
     return out
 
