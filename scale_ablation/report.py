@@ -23,7 +23,7 @@ import sys
 from absl import flags
 
 from scale_ablation import command_line
-from scale_ablation.analysis import baselines, consumption, failures
+from scale_ablation.analysis import baselines, consumption, failures, scale_predictor
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis import plots as report_plots
 from scale_ablation.analysis import tables as report_tables
@@ -126,6 +126,7 @@ def summarise_run(run: dict) -> dict:
         "max_attention_logit": max(max_logits.values()) if max_logits else None,
         **{f"max_attention_logit/layer{i}": v for i, v in sorted(max_logits.items())},
         **intervention_rows.acted_fields(metrics, summary),  # did it act? (`analysis.acted`)
+        **scale_predictor.row_fields(last_diag),  # the logits' sources (issue 53)
         "initial_val_loss": next((r["val/loss"] for r in metrics
                                   if r.get("step") == 0 and r.get("val/loss") is not None), None),
         # An early budget (analysis/exponent.py's ExponentShift): the evaluation halfway through.

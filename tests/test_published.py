@@ -30,6 +30,10 @@ def test_a_published_report_regenerates_from_its_store(tmp_path, monkeypatch, st
     shutil.copy2(published / STORE_FILE, sweep_dir / STORE_FILE)
     monkeypatch.setenv("WANDB_MODE", "disabled")  # the files are the check, not the W&B run
     out = pathlib.Path(report.write_report(str(sweep_dir), plots=False))
+    # A study whose experiment declares no claims (scale_predictor_cpu) has no claims.md.
+    assert (out / "claims.md").exists() == (published / "claims.md").exists()
     for name in ("summary.csv", "claims.md"):  # as publish installs them: runs/STUDY named
+        if not (published / name).exists():
+            continue
         regenerated = (out / name).read_text().replace(str(sweep_dir), f"runs/{study}")
         assert regenerated == (published / name).read_text(), name

@@ -13,10 +13,12 @@ import math
 
 import jax
 import numpy as np
+from flax import nnx
 
 from scale_ablation.data import heldout
 from scale_ablation.data import sources as data_lib
-from scale_ablation.training import steps
+from scale_ablation.model import logit_sources
+from scale_ablation.training import run_setup, steps
 from scale_ablation.training.run_setup import PreparedRun, to_device_batch
 from scale_ablation.training.steps import TrainState
 
@@ -29,6 +31,9 @@ class Evaluator:
         config = run.config
         programs = steps.programs(run.graphdef, run.optimizer, float(config.train.z_loss))
         self._eval_step, self._diagnostics_step = programs.eval, programs.diagnostics
+        self._logit_sources_step = programs.logit_sources
+        # Only runs that diagnose read them (a resumed run rebuilds them: an init's cost).
+        self.initial_qk = _initial_qk(run) if config.train.diag_every else None
 
         def on_device(batches: list[data_lib.Batch]) -> list[dict]:
             # Every process builds the whole batch; each feeds only its own rows.
@@ -96,9 +101,22 @@ class Evaluator:
         return self._longer(state, row, self.longer_test, "test")
 
     def diagnose(self, state: TrainState) -> dict[str, float]:
-        """Per-layer attention statistics on the first validation batch."""
-        stats = jax.device_get(self._diagnostics_step(state, self.val_batches[0]))
-        return {key: float(value) for key, value in stats.items()}
+        """Per-layer attention statistics on the first validation batch, and where the logits
+        come from (`model.logit_sources`: the initial q/k weights' part and the updates')."""
+        batch = self.val_batches[0]
+        stats = jax.device_get(self._diagnostics_step(state, batch))
+        sources = jax.device_get(self._logit_sources_step(state, self.initial_qk, batch))
+        return {key: float(value) for key, value in {**stats, **sources}.items()}
+
+
+def _initial_qk(run: PreparedRun) -> logit_sources.InitialQK:
+    """The run's q/k projection weights at step 0: the state's own for a new run; a resumed
+    run's rebuilt from its seed (`run_setup.init_state` is deterministic), so that no
+    checkpoint has to carry them."""
+    state = run.state
+    if int(state["step"]) != 0:
+        _, state = run_setup.init_state(run.config, model=run.model)
+    return logit_sources.initial_qk(nnx.merge(run.graphdef, state["params"], state["rest"]))
 
 
 def _scores(suffix: str, totals: np.ndarray, split: str = "val") -> dict[str, float]:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from scale_ablation.model import diagnostics, qk_clip
+from scale_ablation.model import diagnostics, logit_sources, qk_clip
 from scale_ablation.training import loss_scaling
 from scale_ablation.training.loss_scaling import LossScaling
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
@@ -228,6 +228,8 @@ class Programs:
     train_members: Callable  # the same over a leading member axis K (jit compiles once per K)
     eval: Callable
     diagnostics: Callable
+    # (state, initial q/k weights, batch) -> the logits' sources (`model.logit_sources`)
+    logit_sources: Callable
     # The same two without donation: the pipelined loop dispatches step N+1 while step N's
     # hooks may still read state N (evaluation, checkpoints), so state N must outlive it.
     train_kept: Callable
@@ -278,6 +280,7 @@ def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Progr
             train_members=jit(members, donate_argnums=0),
             eval=jit(make_eval_step(graphdef)),
             diagnostics=jit(make_diagnostics_step(graphdef, z_loss)),
+            logit_sources=jit(logit_sources.make_step(graphdef)),
             train_kept=jit(step),
             train_members_kept=jit(members),
             seeded_step=step,
