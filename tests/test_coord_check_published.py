@@ -1,4 +1,4 @@
-"""The published coordinate check's README table is its verdicts.json, not typed numbers."""
+"""The published coordinate checks' README tables are their verdicts.json, not typed numbers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ import json
 import pathlib
 import re
 
-PUBLISHED = pathlib.Path(__file__).parent.parent / "experiments" / "results" / "mup_coord_check_cpu"
+RESULTS = pathlib.Path(__file__).parent.parent / "experiments" / "results"
+PUBLISHED = RESULTS / "mup_coord_check_cpu"
+HEAD_DIM = RESULTS / "mup_head_dim_coord_check_cpu"
+HEAD_DIM_RUNS = (HEAD_DIM, HEAD_DIM / "lr_0.01_steps_20")  # the README's two tables, in order
+HEAD_DIM_ARMS = ("sp:inv_sqrt_dk", "mup", "mup:inv_sqrt_dk")
 
 
 def test_the_slope_table_is_the_published_verdicts():
@@ -28,3 +32,37 @@ def test_the_check_reproduces_the_published_shape():
     assert verdicts["sp"]["attn_output"]["verdict"] == "grows"
     assert verdicts["sp"]["output_logits"]["verdict"] == "grows"
     assert {v["verdict"] for v in verdicts["mup"].values()} == {"flat"}
+
+
+def test_the_head_dim_tables_are_the_published_verdicts():
+    """Each table of the head-dim check's README, in order, is its run's verdicts.json."""
+    cell = r" (\S+) \((\w+)\) \|"
+    rows = re.findall(r"^\| `(\w+)` \|" + cell * 3 + "$", (HEAD_DIM / "README.md").read_text(),
+                      re.MULTILINE)
+    quantities = len(rows) // len(HEAD_DIM_RUNS)
+    assert quantities and len(rows) == quantities * len(HEAD_DIM_RUNS)
+    for index, run in enumerate(HEAD_DIM_RUNS):
+        verdicts = json.loads((run / "verdicts.json").read_text())
+        assert (verdicts["axis"], list(verdicts["slopes"])) == ("head_dim", list(HEAD_DIM_ARMS))
+        table = rows[index * quantities:(index + 1) * quantities]
+        assert {name for name, *_ in table} == set(verdicts["slopes"]["mup"]), run
+        for name, *cells in table:
+            for arm, slope, verdict in zip(HEAD_DIM_ARMS, cells[::2], cells[1::2], strict=True):
+                found = verdicts["slopes"][arm][name]
+                assert float(slope) == round(found["slope"], 2) + 0.0, (run, arm, name)
+                assert verdict == found["verdict"], (run, arm, name)
+
+
+def test_along_the_head_dim_sp_grows_and_mup_does_not():
+    """SP's attention output and residual grow with the head dim; under head-dim μP nothing
+    grows, and with 1/d_k its logits are flat once trained (the longer run)."""
+    for run in HEAD_DIM_RUNS:
+        slopes = json.loads((run / "verdicts.json").read_text())["slopes"]
+        assert slopes["sp:inv_sqrt_dk"]["attn_output"]["verdict"] == "grows"
+        assert slopes["sp:inv_sqrt_dk"]["residual"]["verdict"] == "grows"
+        for arm in ("mup", "mup:inv_sqrt_dk"):
+            assert "grows" not in {v["verdict"] for q, v in slopes[arm].items()
+                                   if q != "attn_logits"}, (run, arm)
+    longer = json.loads((HEAD_DIM_RUNS[1] / "verdicts.json").read_text())["slopes"]
+    assert longer["mup"]["attn_logits"]["verdict"] == "flat"
+    assert longer["mup:inv_sqrt_dk"]["attn_logits"]["verdict"] == "grows"
