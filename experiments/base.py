@@ -131,6 +131,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.checkpoint = checkpoint = ml_collections.ConfigDict()
     checkpoint.every = 200
     checkpoint.keep = 2
+    # A finished run (completed or diverged) keeps only its final checkpoint, which is all that
+    # --extend resumes from and `nonfinite` replays from; True keeps the newest `keep`, e.g. to
+    # repair damaged metrics rows from before the final step (otherwise refused, naming the run).
+    checkpoint.keep_finished = False
 
     config.wandb = wandb = ml_collections.ConfigDict()
     wandb.mode = "auto"  # auto | online | offline | disabled

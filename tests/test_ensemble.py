@@ -112,8 +112,10 @@ def test_members_train_as_they_would_alone(trained):
             assert_same_numbers(row, solo_row, rtol=1e-3)
         assert read_json(member_dir / "config.json")["policy"] == MEMBERS[name]["policy"]
 
-        # Each member's checkpoints are its own unstacked state, restorable like a solo run's.
-        assert sorted(os.listdir(member_dir / "checkpoints")) == ["16", "8"]
+        # Each member's checkpoints are its own unstacked state, restorable like a solo run's;
+        # finished, it keeps its final one (checkpoint.keep_finished), as the solo run does.
+        assert os.listdir(member_dir / "checkpoints") == os.listdir(solo_dir / "checkpoints")
+        assert os.listdir(member_dir / "checkpoints") == ["16"]
         got = jax.tree.leaves_with_path(final_state(member_dir, configs[name]))
         want = jax.tree.leaves_with_path(final_state(solo_dir, configs[name]))
         assert len(got) == len(want) > 10

@@ -143,8 +143,10 @@ def test_report_refuses_a_finished_run_with_a_torn_last_row(tmp_path):
 
 def test_a_rerun_of_a_finished_run_with_damaged_rows_repairs_them(tmp_path, uninterrupted,
                                                                   capfd):
+    """From the checkpoint before the damage, which only `checkpoint.keep_finished` keeps once
+    the run has finished (without it: tests/test_keep_finished.py)."""
     workdir = tmp_path / "run"
-    train.train(tiny_config(), workdir)
+    train.train(tiny_config(**{"checkpoint.keep_finished": True}), workdir)
     cut_metrics(workdir, 5, partial='{"step": 8, "tr')
     summary = train.train(tiny_config(), workdir)
     err = capfd.readouterr().err

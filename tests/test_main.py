@@ -47,9 +47,11 @@ ABSL_LOG = re.compile(r"^(WARNING|[WI]\d{4} )")
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """A finished TINY run (checkpoints at 5 and 10), made in-process."""
+    """A finished TINY run (checkpoints at 5 and 10, both kept: `resumable` is a copy of it
+    killed before its summary, which still had them), made in-process."""
     workdir = tmp_path_factory.mktemp("finished") / "run"
-    config = experiment.apply_overrides(experiment.load_config(QUICK), TINY)
+    config = experiment.apply_overrides(experiment.load_config(QUICK),
+                                        {**TINY, "checkpoint.keep_finished": True})
     with pytest.MonkeyPatch.context() as env:
         for name, value in OFFLINE_ENV.items():
             env.setenv(name, value)

@@ -137,7 +137,8 @@ def file_losses(workdir) -> list[tuple[int, float]]:
 
 
 def test_the_loop_writes_every_step_once_and_a_resumed_run_continues_its_file(tmp_path):
-    config = tiny_config(**{"train.steps_per_call": 4})  # chunks of 4, cut at 5 and 10
+    # Chunks of 4, cut at 5 and 10; every checkpoint kept, for the copy killed before the end.
+    config = tiny_config(**{"train.steps_per_call": 4, "checkpoint.keep_finished": True})
     summary = train.train(config, tmp_path / "run")
     losses = file_losses(tmp_path / "run")
     assert [s for s, _ in losses] == list(range(1, 11))

@@ -129,9 +129,11 @@ def unigram_entropy_of_plays() -> float:
 
 @pytest.fixture(scope="module")
 def shakespeare_run(tmp_path_factory):
-    """The quick experiment as it is (60 steps), W&B offline, a fake API key in the environment."""
+    """The quick experiment as it is (60 steps), W&B offline, a fake API key in the environment.
+    Every checkpoint kept (`checkpoint.keep_finished`): tests cut copies of it back to a run
+    killed before its end, which still had them."""
     workdir = tmp_path_factory.mktemp("shakespeare") / "run"
-    config = quick_config({"wandb.mode": "offline"})
+    config = quick_config({"wandb.mode": "offline", "checkpoint.keep_finished": True})
     with pytest.MonkeyPatch.context() as env:
         for name, value in {**OFFLINE_ENV, "WANDB_API_KEY": FAKE_API_KEY}.items():
             env.setenv(name, value)

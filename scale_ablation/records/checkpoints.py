@@ -169,6 +169,18 @@ class Checkpoints:
     def step_directory(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
+    def keep_newest_only(self) -> int | None:
+        """Delete every saved step but the newest; return the newest (None: none saved).
+
+        For a finished run (`checkpoint.keep_finished` off): its newest step is its final state,
+        all that `--extend` resumes from and `nonfinite` replays from; the older ones only held
+        a run that might still be interrupted. Damaged steps moved aside stay where they are."""
+        manager = self._open()
+        saved = sorted(manager.all_steps())
+        for step in saved[:-1]:
+            manager.delete(step)
+        return saved[-1] if saved else None
+
     def _write_digest(self, step: int) -> None:
         if jax.process_index() != 0:
             return

@@ -164,6 +164,8 @@ FIELDS: tuple[Field, ...] = (
     # checkpoint
     _f("checkpoint.every", "int", "steps between checkpoints (0: only at the end)", low=0),
     _f("checkpoint.keep", "int", "newest checkpoints kept", low=1),
+    _f("checkpoint.keep_finished", "bool", "a finished run keeps its newest checkpoint.keep "
+       "checkpoints (false: only its final one)"),
     # wandb
     _f("wandb.mode", "str", "W&B mode", choices=WANDB_MODES),
     _f("wandb.project", "str", "W&B project", nonempty=True),
