@@ -2,7 +2,7 @@ r"""Does compiling the next group ahead help a sweep on this machine, or compete
 
   python -m benchmarks.compile_ahead [--rounds=2] [--full] [--out FILE.json]
 
-Runs the same grid (dk_sweep.py:quick's four-group slice; `--full`: all of it) cold, each time in
+Runs the same grid (dk_sweep.py:quick's three-group slice; `--full`: all of it) cold, each time in
 a fresh directory with an empty compilation cache, with `--compile_ahead` and `--nocompile_ahead`
 alternating (the order reversed every other round, so drift on a shared machine hits both), and
 reports each side's median wall time and compile seconds. On a 2-core CPU the compile-ahead

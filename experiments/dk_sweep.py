@@ -40,7 +40,15 @@ Variants:
   (0.18 passes over WikiText-103, read from the local copy of the `gpu` base variant).
   Learned, QK-LayerNorm and log-length are left to learned_scale, lr_sensitivity and
   length_generalization, which tune them.
-- `quick` (smoke test, one seed): the same structure at d_model 64.
+- `quick` (smoke test, one seed, 120 steps): the same two arms at d_model 64, fixed width
+  (4 heads × d_k 16, 1 × 64) and fixed heads (1 × 64, 1 × 256), both inits, the default's five
+  policies (1/√d_k and the article's four alternatives): 30 runs. Every one of them is a
+  `policies.scalar` policy, so each of the 6 shapes (cell × init: gpt2 adds biases) trains its
+  five runs as one ensemble and compiles once (`QUICK_POLICIES`). The first version, with
+  learned, QK-LayerNorm and log-length too and d_k up to 1024, built 32 shapes for 64 runs:
+  cold on 2 cores at load ~3-4 it took 11.7 min (67% of it compiling, 143 programs) and left
+  581 MB; this one 2.0 min (37 programs) and 69 MB (issue 56; `python -m benchmarks.quick_sweep`,
+  benchmarks/results/quick_sweep_cpu-2core_2026-12-04.json).
 
 The init is an axis of `quick` and the default (`model.init`): which scale is best depends on
 how q and k start (the article's pitfall 1). `fan_in` gives q and k unit-variance entries at
@@ -64,8 +72,11 @@ OTHER_SCALES = ("none", "inv_dk", "inv_log_dk", "const:0.1")  # the article's §
 POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1", "learned", "qk_layernorm",
             "log_length")
 CPU_POLICIES = ("inv_sqrt_dk", "none", "inv_dk")  # the reference and the article's named two
-HEAD_DIMS = (16, 64, 256, 1024)  # the fixed-heads arm's d_k (default; quick: its ends)
-FIXED_HEADS = {"quick": 2, "cpu": 1, None: 8}  # default: the gpu base's 8 heads
+HEAD_DIMS = (16, 64, 256, 1024)  # the fixed-heads arm's d_k (default)
+FIXED_HEADS = {"quick": 1, "cpu": 1, None: 8}  # default: the gpu base's 8 heads
+# quick's d_k: fixed width 16 and 64 (= d_model), fixed heads 64 and 256, the smallest d_k the
+# claims call large; 256, not 1024, keeps a finished run's checkpoint at ~3 MB (1024: ~13 MB).
+QUICK_FIXED_WIDTH, QUICK_FIXED_HEADS = (16, 64), (64, 256)
 INITS = ("fan_in", "gpt2")  # model.init: the article's unit-variance q/k, and GPT-2's
 # Each policy's own LR grid, wide enough that its best is interior: the first cpu run used
 # {1e-3, 3e-3, 1e-2} for all and found scale 1's best on the low edge (d_k 128) and 1/d_k's on
@@ -89,6 +100,10 @@ ACCELERATOR_POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.
 ACCELERATOR_QK_DIMS = (16, 64, 256, 512)
 ACCELERATOR_LRS = {"inv_sqrt_dk": 3e-3, "none": 1e-3, "inv_dk": 1e-2, "inv_log_dk": 3e-3,
                    "const:0.1": 3e-3}
+# quick's policies: the default's, all scalar, so that a shape's runs are one ensemble and one
+# compiled program; learned, QK-LayerNorm and log-length have quick variants of their own
+# (learned_scale.py, lr_sensitivity.py, length_generalization.py).
+QUICK_POLICIES = ACCELERATOR_POLICIES
 
 
 def get_config(arg: str | None = None):
@@ -114,7 +129,7 @@ def cells(arg: str | None = None) -> list[tuple[int, int]]:
     if arg == "cpu":  # the fixed-heads arm is the q/k-width arm (cpu_qk_width_arm)
         fixed_width, fixed_heads_dims = (16, 128), (128,)
     elif arg == "quick":
-        fixed_width, fixed_heads_dims = (16, d_model), (HEAD_DIMS[0], HEAD_DIMS[-1])
+        fixed_width, fixed_heads_dims = QUICK_FIXED_WIDTH, QUICK_FIXED_HEADS
     else:
         fixed_width = tuple(d for d in (*HEAD_DIMS, d_model) if d <= d_model)
         fixed_heads_dims = HEAD_DIMS
@@ -163,14 +178,10 @@ def sweep(arg: str | None = None) -> list[dict]:
         return accelerator_sweep()
     if arg == "cpu":
         return cpu_fixed_width_arm() + cpu_qk_width_arm()
-    seeds = (0,) if arg == "quick" else (0, 1, 2)
-    return [
+    return [  # quick
         {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
-         "model.init": init, "train.seed": seed}
-        for init in INITS
-        for policy in POLICIES
-        for heads, head_dim in cells(arg)
-        for seed in seeds
+         "model.init": init, "train.seed": 0}
+        for init in INITS for policy in QUICK_POLICIES for heads, head_dim in cells(arg)
     ]
 
 

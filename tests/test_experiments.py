@@ -18,8 +18,8 @@ from flax import nnx
 from scale_ablation.analysis import claims
 from scale_ablation.model import policies
 from scale_ablation.model.lm import build_model
+from scale_ablation.training import ensemble, provenance
 from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import provenance
 from scale_ablation.training.run_config import layer_policy_specs, validate
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -29,18 +29,9 @@ CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity", "length_generalization", "i
                "norm_placement", "stability", "learned_scale", "precision", "mqar",
                "dk_exponent")  # 2 cores
 
-# The issue's specification of the central ablation, written out here rather than imported.
-DK_SWEEP_POLICIES = (
-    "inv_sqrt_dk",
-    "none",
-    "inv_dk",
-    "inv_log_dk",
-    "const:0.1",
-    "learned",
-    "qk_layernorm",
-    "log_length",
-)
-DK_SWEEP_HEAD_DIMS = (16, 64, 256, 1024)
+# The article's alternatives against 1/√d_k: the default's policies (issue 31) and the quick
+# smoke test's (issue 56), written out here rather than imported.
+DK_SWEEP_POLICIES = ("inv_sqrt_dk", "none", "inv_dk", "inv_log_dk", "const:0.1")
 
 
 def spec_of(path: pathlib.Path, variant: str | None) -> str:
@@ -150,12 +141,23 @@ def test_quick_and_default_dk_sweeps_cover_every_policy_and_both_inits():
     # The default (issue 31): the article's alternatives against 1/√d_k, both inits, d_k as the
     # q/k width at one width and head count.
     default = dk_sweep_points(None)
-    assert {c.policy for c in default} == {"inv_sqrt_dk", "none", "inv_dk", "inv_log_dk",
-                                           "const:0.1"}
+    assert {c.policy for c in default} == set(DK_SWEEP_POLICIES)
     assert {c.model.init for c in default} == {"fan_in", "gpt2"}
     assert {(c.model.d_model, c.model.num_heads, c.model.head_dim) for c in default} == {
         (512, 8, 64)}
     assert {c.model.qk_dim for c in default} == {16, 64, 256, 512}
+
+
+def test_quick_dk_sweep_compiles_once_per_shape(tmp_path):
+    """The smoke test's runs train as one ensemble per shape (cell × init), each compiling its
+    programs once (issue 56: 32 shapes for 64 runs spent 67% of it compiling), and its largest
+    d_k is one the claims call large."""
+    quick = dk_sweep_points("quick")
+    shapes = {(c.model.num_heads, c.model.head_dim, c.model.init) for c in quick}
+    groups = ensemble.group(quick, [tmp_path / str(index) for index in range(len(quick))])
+    assert len(groups) == len(shapes) == 6
+    assert sorted(len(g) for g in groups) == [len(DK_SWEEP_POLICIES)] * len(shapes)
+    assert max(c.model.head_dim for c in quick) == 256
 
 
 def test_cpu_dk_sweep_has_a_fixed_width_arm_and_a_qk_width_arm():

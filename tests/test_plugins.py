@@ -96,7 +96,7 @@ def test_add_policies_gives_the_dk_sweep_one_more_policy():
     expected = [
         {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
          "model.init": init, "train.seed": 0}
-        for policy_list in (dk_sweep.POLICIES, ("mine:0.75",)) for init in dk_sweep.INITS
+        for policy_list in (dk_sweep.QUICK_POLICIES, ("mine:0.75",)) for init in dk_sweep.INITS
         for policy in policy_list for heads, head_dim in dk_sweep.cells("quick")
     ]
     assert grid == expected
