@@ -11,7 +11,7 @@ from flax import nnx
 
 from experiments import base
 from scale_ablation.data import sources as data
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 
 SHAPES = ((16, 16), (4, 64), (1, 256))  # heads × head_dim at width 256
 

@@ -27,7 +27,7 @@ from experiments import base
 from scale_ablation.data import sources as data
 from scale_ablation.model import diagnostics, policies
 from scale_ablation.model.attention import apply_rotary, attend, causal_mask
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import run_config
 

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from scale_ablation.model import attention, blocked_attention, policies
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.model.spec import ModelConfig
 
 # Policies that need an argument get one (a positive number every built-in one accepts).

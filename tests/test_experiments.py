@@ -17,7 +17,7 @@ from flax import nnx
 
 from scale_ablation.analysis import claims
 from scale_ablation.model import policies
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import ensemble, provenance
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.run_config import layer_policy_specs, validate

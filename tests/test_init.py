@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 from helpers import copy_into_reference, require
 
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import run_config
 

@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 from helpers import tiny_config
 
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import run_config, run_setup
 from scale_ablation.training.optim import make_optimizer
 

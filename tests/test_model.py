@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training import run_config
 

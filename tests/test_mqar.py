@@ -20,7 +20,7 @@ from scale_ablation.analysis import baselines
 from scale_ablation.data import heldout, windows
 from scale_ablation.data import sources as data
 from scale_ablation.errors import ConfigError
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import run_config, train
 from scale_ablation.training.run_config import validate
 

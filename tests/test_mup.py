@@ -13,7 +13,7 @@ from helpers import require, tiny_config
 
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import policies
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.training import optim, run_config, run_setup, steps
 
 BASE = {"model.d_model": 32, "model.head_dim": 16}

@@ -21,7 +21,7 @@ import pytest
 from flax import nnx
 
 from scale_ablation import sweep
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.sweeping import planner
 from scale_ablation.training import experiment_files as experiment
 from scale_ablation.training.run_config import validate

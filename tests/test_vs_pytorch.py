@@ -21,7 +21,7 @@ torch = require("torch")  # the PyTorch side
 
 from benchmarks import reference_gpt2, vs_pytorch  # noqa: E402
 from benchmarks import run as bench  # noqa: E402
-from scale_ablation.model.lm import build_model  # noqa: E402
+from scale_ablation.model.build import build_model  # noqa: E402
 from scale_ablation.training import run_config  # noqa: E402
 
 

@@ -23,7 +23,7 @@ READOUT = "['readout']"  # LanguageModel.readout's keystr path (then `.value`)
 
 def param_shapes(model: ModelConfig) -> dict[str, tuple[int, ...]]:
     """keystr path -> shape of every trained parameter (the `nnx.Param` state of the model)."""
-    # LanguageModel, not lm.build_model: that one rescales by `init_multipliers`, built on this.
+    # LanguageModel, not build.build_model: that one rescales by `init_multipliers`, built on this.
     abstract = nnx.eval_shape(lambda: LanguageModel(model, rngs=nnx.Rngs(params=0)))
     params = nnx.split(abstract, nnx.Param, ...)[1]
     return {jax.tree_util.keystr(path): tuple(leaf.shape)

@@ -195,14 +195,3 @@ class LanguageModel(nnx.Module):
         # nnx.Embed.attend's product, in the compute dtype whatever the lookup's dtype.
         embedding = self.embed.embedding[...].astype(x.dtype)  # (vocab, C)
         return jnp.dot(x, embedding.T).astype(jnp.float32)  # (B, T, vocab)
-
-
-def build_model(model: ModelConfig, rngs: nnx.Rngs) -> LanguageModel:
-    """The LanguageModel a ModelConfig describes (`ModelConfig.from_config` has checked it);
-    under μP with its output weights' init rescaled (`base_shapes.rescale_init`)."""
-    lm = LanguageModel(model, rngs=rngs)
-    if parametrization.is_mup(model):
-        from scale_ablation.model import base_shapes  # local: base_shapes traces LanguageModel
-
-        base_shapes.rescale_init(lm, model)
-    return lm

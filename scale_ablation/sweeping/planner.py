@@ -35,7 +35,7 @@ from flax import nnx
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.model import policies
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.model.spec import ModelConfig
 from scale_ablation.training import ensemble, provenance, run_config, run_setup, steps
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer

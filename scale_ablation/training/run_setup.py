@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding
 from scale_ablation.data import sources as data_lib
 from scale_ablation.errors import ConfigError
 from scale_ablation.model import policies
-from scale_ablation.model.lm import build_model
+from scale_ablation.model.build import build_model
 from scale_ablation.model.spec import ModelConfig
 from scale_ablation.records.checkpoints import CheckpointError, Checkpoints
 from scale_ablation.records.run_files import FINISHED, RunFiles
