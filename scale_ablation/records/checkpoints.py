@@ -32,7 +32,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from scale_ablation.records import jsonfiles
-from scale_ablation.records.run_files import MetricsScan
+from scale_ablation.records.run_files import FINISHED, MetricsScan
 
 DIGEST_NAME = "sha256sums.json"
 ROWS_NAME = "metrics_rows.json"
@@ -168,6 +168,18 @@ class Checkpoints:
 
     def step_directory(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
+
+    def drop_older_when_finished(self, status: str, checkpoint_config, label: str) -> None:
+        """A finished run keeps only its final checkpoint unless `checkpoint.keep_finished`:
+        the older ones are there to resume an interrupted run, and in a sweep they were most of
+        its disk. The loop calls it before summary.json, so that a kill in between leaves an
+        unfinished run whose rerun resumes from that final checkpoint and drops the rest again."""
+        if status not in FINISHED or checkpoint_config.get("keep_finished", False):
+            return
+        try:
+            self.keep_newest_only()
+        except OSError as error:  # a leftover costs disk, not the run's result
+            print(f"{label}warning: older checkpoints not removed: {error}", flush=True)
 
     def keep_newest_only(self) -> int | None:
         """Delete every saved step but the newest; return the newest (None: none saved).

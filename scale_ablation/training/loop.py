@@ -19,12 +19,7 @@ import jax
 import numpy as np
 
 from scale_ablation.analysis import baselines, failures
-from scale_ablation.records.run_files import (
-    FINISHED,
-    STEP_LOSSES_FILE,
-    SUMMARY_FIELDS,
-    StepLosses,
-)
+from scale_ablation.records.run_files import STEP_LOSSES_FILE, SUMMARY_FIELDS, StepLosses
 from scale_ablation.records.tracking import RunTrackers, open_trackers
 from scale_ablation.records.wandb_tracker import WandbSettings
 from scale_ablation.training import provenance, runtime
@@ -239,8 +234,7 @@ class Member:
     def finish(self, status: str, step: int, **extra) -> None:
         """Write the summary and close the member's trackers and checkpoints."""
         self.step_losses.write()
-        if status in FINISHED:
-            self._drop_older_checkpoints()
+        self.checkpoints.drop_older_when_finished(status, self.config.checkpoint, self.label)
         summary = {
             "status": status,
             "steps_completed": step,
@@ -262,18 +256,6 @@ class Member:
             **extra,
         }
         self._close(summary)
-
-    def _drop_older_checkpoints(self) -> None:
-        """A finished run keeps only its final checkpoint unless `checkpoint.keep_finished`:
-        the older ones are there to resume an interrupted run, and in a sweep they were most of
-        its disk. Done before summary.json, so that a kill in between leaves an unfinished run
-        whose rerun resumes from that final checkpoint and drops the rest again."""
-        if self.config.checkpoint.get("keep_finished", False):
-            return
-        try:
-            self.checkpoints.keep_newest_only()
-        except OSError as error:  # a leftover costs disk, not the run's result
-            print(f"{self.label}warning: older checkpoints not removed: {error}", flush=True)
 
     def fail(self, error: Exception) -> None:
         """summary.json says `failed` and why."""
