@@ -1,8 +1,8 @@
 r"""Run an experiment's grid: one run directory per point, resumable, in-process or in parallel.
 
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
-      [--parallel=N] [--noensemble] [--dry_run] [--extend] [--imports=my_policy.py] \
-      [--add_policies=SPEC,...] [--plan] [--budget_hours=H] [--device=H200]
+      [--parallel=N [--threads_per_process=T]] [--noensemble] [--dry_run] [--extend] \
+      [--imports=my_policy.py] [--add_policies=SPEC,...] [--plan] [--budget_hours=H] [--device=H200]
       [--refine [--refine_rounds=N]]
 
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
@@ -17,6 +17,12 @@ and in every process the sweep starts; `--add_policies` adds policy specs to the
 at each setting of its other keys (`experiment.with_policies`). `--plan` prints what the runs
 still to run cost on `--device` and exits; `--budget_hours` refuses a sweep over it (exit 2),
 both writing nothing (`scale_ablation.sweeping.planner`).
+
+On a CPU, a sweep given none of `--parallel`, `--noensemble`, `--max_members` and
+`--threads_per_process` takes them from the arrangement table measured for this CPU model and
+core count (`python -m benchmarks.arrangements`; `scale_ablation.sweeping.arrangements`), when
+it predicts another arrangement 10% faster than the default, and prints which; `--plan` then
+uses that arrangement's measured rate.
 
 `--refine` runs the sweep, then rounds that add learning rates at half the log spacing around
 each setting's best (one beyond it at a grid edge), one run per seed, until every setting's best
@@ -49,7 +55,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED
-from scale_ablation.sweeping import plan_text, refine_grid, run_set
+from scale_ablation.sweeping import arrangements, plan_text, refine_grid, run_set
 from scale_ablation.sweeping.progress import Progress
 from scale_ablation.sweeping.refine_grid import REFINED_FILE
 from scale_ablation.sweeping.sweep_grid import (  # noqa: F401 - the sweep's API
@@ -98,6 +104,12 @@ _COMPILE_AHEAD = flags.DEFINE_bool(
 _MAX_MEMBERS = flags.DEFINE_integer(
     "max_members", 0, "Most runs one ensemble program trains (in-process runner); 0: as many as "
     "fit in the device's memory by the planner's rule (printed per group).", lower_bound=0)
+_THREADS = flags.DEFINE_integer(
+    "threads_per_process", 0, "With --parallel > 1: pin each run's process to this many cores "
+    "of its own (XLA's, OpenMP's and BLAS's threads follow the mask); 0: not pinned.",
+    lower_bound=0)
+# Given none of these, a sweep on a CPU takes them from this CPU's arrangement table.
+ARRANGEMENT_FLAGS = ("parallel", "ensemble", "max_members", "threads_per_process")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _EXTEND = flags.DEFINE_bool(
     "extend", False, "Continue runs trained with other train.steps, train.warmup_steps or "
@@ -160,9 +172,11 @@ def main(argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     todo = [p for p in points if statuses[p.name] not in FINISHED]
+    arrangement = _arrangement(todo)
     if _PLAN.value or _BUDGET_HOURS.value is not None:
         what = f"{_CONFIG.value} ({len(todo)} of {len(points)} runs to run)"
-        code = plan_text.run(todo, what, _PLAN.value, _BUDGET_HOURS.value, _DEVICE.value)
+        code = plan_text.run(todo, what, _PLAN.value, _BUDGET_HOURS.value, _DEVICE.value,
+                             arrangement)
         if code is not None:
             return code
     if _DRY_RUN.value:
@@ -172,6 +186,22 @@ def main(argv: list[str]) -> int:
         print(f"{len(points)} runs, {len(todo)} to run")
         return 0
     return _locked_sweep(sweep_dir, points, todo, imports, extra_hooks)
+
+
+def _arrangement(todo: list[Point]) -> arrangements.Arrangement:
+    """The sweep's arrangement flags; given none, on a CPU, the table's fastest for `todo`
+    (printed, and set in the flags the runners read)."""
+    if any(flags.FLAGS[name].present for name in ARRANGEMENT_FLAGS) or not todo:
+        return arrangements.from_flags(_PARALLEL.value, _ENSEMBLE.value, _MAX_MEMBERS.value,
+                                       _THREADS.value)
+    choice = arrangements.choose_here(todo)
+    if choice is None:  # no table for this CPU, or not on a CPU: today's default
+        return arrangements.DEFAULT
+    print(f"[sweep] {choice.line()}", flush=True)
+    chosen = choice.arrangement
+    flags.FLAGS.parallel, flags.FLAGS.threads_per_process = chosen.processes, chosen.threads
+    flags.FLAGS.max_members = chosen.members
+    return chosen
 
 
 def _locked_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
@@ -225,9 +255,10 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
                                           max_members=_MAX_MEMBERS.value)
             print(f"[sweep] {compile_log.line()}", flush=True)
         else:
-            complete = run_in_processes(
-                _CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value, outcomes,
-                _run_flags(imports), before_start=_hand_over(owned or {}))
+            with arrangements.pinned_children(_THREADS.value, _PARALLEL.value) as pinned:
+                complete = run_in_processes(
+                    _CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value, outcomes,
+                    _run_flags(imports), before_start=pinned(_hand_over(owned or {})))
     finally:
         sweep_file.write(outcomes)
     if not complete:
@@ -344,6 +375,14 @@ def check_flags() -> None:
         raise ValueError(f"--budget_hours must be a positive number of hours, got {budget}")
     if flags.FLAGS["refine_rounds"].present and not _REFINE.value:
         raise ValueError("--refine_rounds is a limit on --refine's rounds: give --refine too")
+    threads, parallel = _THREADS.value, _PARALLEL.value
+    if threads and parallel < 2:
+        raise ValueError("--threads_per_process pins --parallel's processes: give --parallel=N, "
+                         "N > 1")
+    if threads and len(arrangements.cpu_sets(threads, parallel)) < parallel:
+        raise ValueError(f"--threads_per_process={threads} × --parallel={parallel} needs "
+                         f"{threads * parallel} cores; this process has "
+                         f"{len(os.sched_getaffinity(0))}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ for path in (REPO, REPO / "tests"):
 # tests start, which inherit this environment) write offline run files only.
 os.environ["WANDB_MODE"] = "offline"
 os.environ["WANDB_SILENT"] = "true"
+# Sweeps in the tests run as their flags say, not as a measured table for this machine's CPU
+# would arrange them (sweeping/arrangements.py); tests of that choice name their own tables.
+os.environ["SCALE_ABLATION_ARRANGEMENTS"] = "off"
 
 # A persistent XLA cache for the suite, kept between runs in .jax_cache/tests (ignored by git):
 # the tests build the same tiny models again and again, and about 60% of the time of a test

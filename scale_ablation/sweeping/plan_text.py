@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from scale_ablation.sweeping import planner
+from scale_ablation.sweeping import arrangements, planner
 
 SHORT = {"d_model": "d_model", "num_layers": "layers", "num_heads": "heads", "head_dim": "d_k",
          "qk_dim": "qk", "seq_len": "seq", "batch_size": "batch", "dtype": ""}
@@ -38,7 +38,8 @@ def lines(plan: planner.Plan, what: str) -> list[str]:
                 f"{sum(p.seconds for p in programs) / 3600:.2f} device-hours"]
     out.append(f"total: {plan.train_flops:.3g} train FLOPs "
                f"(+{sum(r.other_flops for r in plan.runs):.3g} evaluation and diagnostics), "
-               f"{plan.device_hours:.2f} device-hours on {plan.device.kind}")
+               f"{plan.device_hours:.2f} device-hours on {plan.device.kind} "
+               f"({plan.device_hours * 3600:,.0f} s)")
     out += [f"rate: {source}" for source in dict.fromkeys(p.rate_source for p in plan.programs)]
     return out
 
@@ -51,10 +52,25 @@ def over_budget(plan: planner.Plan, budget_hours: float) -> str | None:
             f"device-hours on {plan.device.kind} ({len(plan.runs)} runs); not started")
 
 
+def table_for(dev: planner.Device, arrangement: arrangements.Arrangement | None) -> dict | None:
+    """The rates a plan on `dev` uses: on a CPU, the measured rows of the arrangement the
+    sweep will run (today's default if none is given) from this CPU family's table; else, or
+    without one, the device's throughput table."""
+    if dev.kind == "cpu":
+        cpu_table = arrangements.read_table()
+        if cpu_table is not None:
+            found = arrangements.planner_table(cpu_table, arrangement or arrangements.DEFAULT)
+            if found is not None:
+                return found
+    return planner.read_table(dev.kind)
+
+
 def run(points: Sequence[Any], what: str, show: bool, budget_hours: float | None,
-        device_name: str | None) -> int | None:
+        device_name: str | None, arrangement: arrangements.Arrangement | None = None
+        ) -> int | None:
     """`--plan` (print, exit 0) and `--budget_hours` (exit 2 over it): the exit code, or None
-    to go on with the sweep. Writes nothing."""
+    to go on with the sweep. Writes nothing. `arrangement`: how the sweep will spread over a
+    CPU's cores (its rate, from the CPU's table)."""
     try:
         dev = planner.device(device_name)
     except ValueError as error:
@@ -63,7 +79,7 @@ def run(points: Sequence[Any], what: str, show: bool, budget_hours: float | None
     if budget_hours is not None and budget_hours <= 0:
         print(f"error: --budget_hours must be > 0, got {budget_hours:g}", file=sys.stderr)
         return 2
-    plan = planner.make_plan(list(points), dev, planner.read_table(dev.kind))
+    plan = planner.make_plan(list(points), dev, table_for(dev, arrangement))
     if show:
         print("\n".join(lines(plan, what)))
     refusal = over_budget(plan, budget_hours) if budget_hours is not None else None

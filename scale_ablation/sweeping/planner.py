@@ -9,11 +9,17 @@ the sweep trains as one vmapped ensemble, `ensemble.shared_config`, split into a
 as fit in `MEMORY_SHARE` of the device's memory): seconds on the named device.
 
 The device's rate is read from a throughput table written by the device check
-(`benchmarks/results/throughput_<device kind>.json`, `benchmarks/gpu_check.py`): the entry
-nearest the program in FLOPs per token and members, its tokens/s × FLOPs per token. Without a
-table the rate is `ASSUMED_MFU` of the device's bfloat16 peak from `DEVICES` (vendor spec
-sheets, dense), and on a CPU of a float32 matmul's rate measured in this process. Each program
-adds the seconds its train step took to compile here, once. The plan says which rule it used.
+(`benchmarks/results/throughput_<device kind>.json`, `benchmarks/gpu_check.py`), or on a CPU
+from the arrangement table measured on this CPU family (`sweeping.arrangements.planner_table`:
+the rows of the arrangement the sweep will use, `python -m benchmarks.arrangements`): the entry
+nearest the program in FLOPs per token and members, its tokens/s × FLOPs per token. A CPU
+table's entries also carry each run's wall seconds outside its train steps (`run_overhead_s`:
+start-up, evaluation, checkpoints), added per run, and the table caps a program's members
+(`max_members`: 1 when each run has a process of its own). Without a table the rate is
+`ASSUMED_MFU` of the device's bfloat16 peak from `DEVICES` (vendor spec sheets, dense), and on
+a CPU of a float32 matmul's rate measured in this process. Each program adds the seconds its
+train step took to compile here, once per member count (jit's cache: a group's programs of
+equal size share one). The plan says which rule it used.
 """
 
 from __future__ import annotations
@@ -269,11 +275,18 @@ def read_table(kind: str, results: str = RESULTS) -> dict | None:
 def rate(dev: Device, flops_per_token: float, members: int,
          table: dict | None) -> tuple[float, str]:
     """(FLOP/s of a program of `members` runs of `flops_per_token`, which rule gave it)."""
+    per_second, source, _ = _rate_entry(dev, flops_per_token, members, table)
+    return per_second, source
+
+
+def _rate_entry(dev: Device, flops_per_token: float, members: int,
+                table: dict | None) -> tuple[float, str, dict]:
+    """`rate` and the table's entry it came from ({} without a table)."""
     entries = (table or {}).get("entries", [])
     if not entries:
         return ASSUMED_MFU * dev.peak_flops, (
             f"no throughput table for {dev.kind}: assumed {ASSUMED_MFU:.0%} MFU of "
-            f"{flops_text(dev.peak_flops)} ({dev.peak_source})")
+            f"{flops_text(dev.peak_flops)} ({dev.peak_source})"), {}
 
     def distance(entry: dict) -> float:
         return (abs(math.log(entry["flops_per_token"] / flops_per_token))
@@ -281,8 +294,10 @@ def rate(dev: Device, flops_per_token: float, members: int,
 
     entry = min(entries, key=distance)
     achieved = entry["tokens_per_s"] * entry["flops_per_token"]
-    return achieved, (f"measured ({table.get('device_kind')}, {table.get('date')}): nearest "
-                      f"entry {entry['name']} K={entry['members']}, {flops_text(achieved)}")
+    arrangement = f", {table['arrangement']}" if table.get("arrangement") else ""
+    return achieved, (f"measured ({table.get('device_kind')}, {table.get('date')}"
+                      f"{arrangement}): nearest entry {entry['name']} K={entry['members']}, "
+                      f"{flops_text(achieved)}"), entry
 
 
 def flops_text(per_second: float) -> str:
@@ -336,22 +351,30 @@ def make_plan(points: list[Any], dev: Device, table: dict | None,
                 shapes[cost.shape] = shape_cost(point.config)
     groups: dict[tuple, list[int]] = {}
     for index, point in enumerate(points):
-        groups.setdefault(_program_key(point.config), []).append(index)
+        groups.setdefault(program_key(point.config), []).append(index)
+    cap = (table or {}).get("max_members") or 0  # a CPU table's arrangement: K a program
     programs = []
     for indices in groups.values():
         shape = costs[indices[0]].shape
         known = shapes.get(shape)
         size = members_that_fit(dev, known.peak_bytes) if known else len(indices)
+        size = min(size, cap) if cap else size
+        compiled: set[int] = set()  # jit compiles a group's program once per member count
         for program in programs_of(indices, size):
             members = [costs[i] for i in program]
             flops = sum(m.train_flops + m.other_flops for m in members)
-            per_second, source = rate(dev, members[0].flops_per_token, len(members), table)
-            seconds = flops / per_second + (known.compile_seconds if known else 0.0)
+            per_second, source, entry = _rate_entry(dev, members[0].flops_per_token,
+                                                    len(members), table)
+            compile_seconds = known.compile_seconds if known and len(program) not in compiled \
+                else 0.0
+            compiled.add(len(program))
+            seconds = (flops / per_second + compile_seconds
+                       + len(members) * entry.get("run_overhead_s", 0.0))
             programs.append(Program(tuple(m.name for m in members), shape, seconds, source))
     return Plan(dev, costs, shapes, programs)
 
 
-def _program_key(config: ml_collections.ConfigDict) -> tuple:
+def program_key(config: ml_collections.ConfigDict) -> tuple:
     """Runs that train as one program (as `ensemble.ensemble_key` groups runs not yet
     started): configs equal but for `ensemble.MEMBER_FIELDS`, and layer policies that compare
     equal (every scalar policy does, `policies.ScalePolicy`), hence one graphdef."""
