@@ -186,7 +186,6 @@ def _jax_program(config, members: int, program: str):
 def _torch_program(config, threads: int):
     """(step(), seconds to build a run's model and optimiser): nanoGPT's model at the shape."""
     import torch
-    from torch.nn import functional
 
     from benchmarks import vs_pytorch
 
@@ -197,20 +196,7 @@ def _torch_program(config, threads: int):
         start = time.perf_counter()
         model, opt, _ = vs_pytorch.torch_model(shape)
         builds.append(time.perf_counter() - start)
-    seq = config.data.seq_len
-    tokens = torch.randint(0, shape["vocab"], (shape["batch"], seq + 1),
-                           generator=torch.Generator().manual_seed(0))
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
-
-    def step():
-        logits = model(inputs)  # (B, T, vocab)
-        loss = functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), shape["clip"])
-        opt.step()
-        loss.item()
-
+    step = vs_pytorch.torch_step(model, opt, shape, config.data.seq_len)
     for _ in range(2):
         step()
     return step, statistics.median(builds)

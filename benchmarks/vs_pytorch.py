@@ -142,19 +142,12 @@ def torch_model(shape: dict):
     return model, reference_gpt2.optimizer(model, args), SdpaBlock
 
 
-def torch_side(seq: int, reps: int, shape: dict, threads: int) -> dict:
-    """One PyTorch measurement: the matmul peak, then nanoGPT's train step at the same shape."""
+def torch_step(model, opt, shape: dict, seq: int):
+    """nanoGPT's train step on one fixed batch of random bytes (seed 0): a callable returning
+    the loss."""
     import torch
     from torch.nn import functional
 
-    torch.set_num_threads(threads)
-    if (shape["mlp_ratio"], shape["vocab"]) != (4, 256):  # reference_gpt2's: fixed
-        raise ValueError(f"the PyTorch model has mlp_ratio 4 and 256 bytes, the JAX one "
-                         f"{shape['mlp_ratio']} and {shape['vocab']}")
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    peak = 2 * n**3 / bench.median_seconds(lambda: torch.matmul(a, b), reps=reps) / 1e9
-    model, opt, _ = torch_model(shape)
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, shape["vocab"], (shape["batch"], seq + 1), generator=generator)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
@@ -168,6 +161,22 @@ def torch_side(seq: int, reps: int, shape: dict, threads: int) -> dict:
         opt.step()
         return loss.item()
 
+    return one
+
+
+def torch_side(seq: int, reps: int, shape: dict, threads: int) -> dict:
+    """One PyTorch measurement: the matmul peak, then nanoGPT's train step at the same shape."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if (shape["mlp_ratio"], shape["vocab"]) != (4, 256):  # reference_gpt2's: fixed
+        raise ValueError(f"the PyTorch model has mlp_ratio 4 and 256 bytes, the JAX one "
+                         f"{shape['mlp_ratio']} and {shape['vocab']}")
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    peak = 2 * n**3 / bench.median_seconds(lambda: torch.matmul(a, b), reps=reps) / 1e9
+    model, opt, _ = torch_model(shape)
+    one = torch_step(model, opt, shape, seq)
     start = time.perf_counter()
     loss0 = one()
     first = (time.perf_counter() - start, loss0)

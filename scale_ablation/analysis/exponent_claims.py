@@ -57,6 +57,9 @@ def fit_lines(found: exponent.ExponentFit, label: str = "") -> list[str]:
 # The exponents the question is between: μP's 1/d_k, 1/√d_k, no divisor.
 CANDIDATES = (-1.0, -0.5, 0.0)
 MARGIN = 0.25  # half the distance between neighbouring candidates
+# An interval inside the band supports a claim of "within ± margin", one wholly outside it
+# contradicts it; across its edge it is inconclusive.
+BY_PLACE = {"inside": "supported", "outside": "contradicted"}
 
 
 def _signed(value: float) -> str:
@@ -165,7 +168,7 @@ class OnePowerLaw(_Family):
                         f"d_k={d}: {s - 0.5:+.2f} {_ci_text((ci[0] - 0.5, ci[1] - 0.5))}"
                         for d, (s, ci) in curve.local_slopes.items())]
         place = _placed(change, -self.margin, self.margin)
-        verdict = {"inside": "supported", "outside": "contradicted"}.get(place, "inconclusive")
+        verdict = BY_PLACE.get(place, "inconclusive")
         return Verdict(verdict, f"α's change across d_k, CI {_ci_text(change)}, is {place} "
                        f"±{self.margin:g}", tuple(numbers))
 
@@ -177,9 +180,8 @@ class ScaleCost(_Family):
     LR. Supported when every d_k's cost CI lies below the margin (an equivalence by interval),
     contradicted when some d_k's lies wholly above it, inconclusive otherwise. The intervals
     are Bonferroni's over the d_k (each at 1 − 0.05/n), so that "some d_k" is not the best of n
-    chances. The numbers give
-    per d_k the range of c within the margin and within the study's noise floor, and the cost
-    of 1/√d_k and of 1/d_k (c = d_k^(-1/2), where the grid has it)."""
+    chances. The numbers give per d_k the range of c within the margin and within the study's
+    noise floor, and the cost of 1/√d_k and of 1/d_k (c = d_k^(-1/2), where the grid has it)."""
 
     init: str
     c: float = 1.0
@@ -290,7 +292,7 @@ class ExponentShift(_Family):
                            tuple(numbers))
         numbers.append(f"{self.init}: Δα = {final.slope - early.slope:+.3f}, CI {_ci_text(ci)}")
         place = _placed(ci, -self.margin, self.margin)
-        verdict = {"inside": "supported", "outside": "contradicted"}.get(place, "inconclusive")
+        verdict = BY_PLACE.get(place, "inconclusive")
         return Verdict(verdict, f"Δα's CI {_ci_text(ci)} is {place} ±{self.margin:g}",
                        tuple(numbers))
 
