@@ -39,12 +39,17 @@ def token_nll(logits, targets):
     return log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0], log_z
 
 
+def _z_term(log_z, weights, total_weight, z_loss: float):
+    """z_loss·mean(log Z²) over the weighted positions (padding excluded)."""
+    return z_loss * ((log_z**2) * weights).sum() / total_weight
+
+
 def cross_entropy(logits, targets, weights, z_loss: float):
     """Weighted mean next-byte loss (nats) plus z_loss·mean(log Z²)."""
     nll, log_z = token_nll(logits, targets)
     total_weight = jnp.maximum(weights.sum(), 1.0)
     loss = (nll * weights).sum() / total_weight
-    return loss, loss + z_loss * ((log_z**2) * weights).sum() / total_weight
+    return loss, loss + _z_term(log_z, weights, total_weight, z_loss)
 
 
 def make_loss(graphdef, z_loss: float, *, with_rest: bool = False) -> Callable:
@@ -138,7 +143,7 @@ def z_loss_share(logits, targets, weights, z_loss: float) -> jax.Array:
     nll, log_z = token_nll(logits, targets)
     total_weight = jnp.maximum(weights.sum(), 1.0)
     # The z term on its own, not with_z − loss: float32 would round a share of 1e-4 away.
-    z_term = z_loss * ((log_z**2) * weights).sum() / total_weight
+    z_term = _z_term(log_z, weights, total_weight, z_loss)
     return z_term / ((nll * weights).sum() / total_weight + z_term)
 
 
