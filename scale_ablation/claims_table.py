@@ -32,6 +32,7 @@ import sys
 import pandas as pd
 
 from scale_ablation import report
+from scale_ablation.analysis import at_init
 from scale_ablation.analysis.acted import NOT_EXERCISED
 from scale_ablation.records import study_store
 
@@ -43,12 +44,13 @@ COLUMNS = ("study", "claim", "name", "source", "verdict", "decided_at_init", "re
 _SECTION = re.compile(r"^## (\d+)\. (.*?)\n\n(.*?)(?=^## \d+\. |\Z)", re.M | re.S)
 _VERDICT = re.compile(r"^Verdict[^\n]*?: \*\*(\w+(?: \w+)?)\*\*: (.*)$", re.M)  # "not exercised"
 _SPEC = re.compile(r"^# Claims tested by `([^`]+)`")
-_DELTA = re.compile(r"Δ = (?P<effect>\S+) ± (?P<ci>\S+) \(n=(?P<n>\d+)\) on (?P<split>[^;]+);")
+# The unit between the interval and n ("bits per byte", "in log10") is optional.
+_DELTA = re.compile(r"Δ = (?P<effect>\S+) ± (?P<ci>\S+)(?: [^(;]+)? \(n=(?P<n>\d+)\) on "
+                    r"(?P<split>[^;]+);")
 _COUNT = re.compile(r"(?P<k>\d+) of (?P<n>\d+) (?:solved|diverged)(?: on (?P<split>the [^(]+?))? ")
 # Each test on a line: the difference test, TOST ("TOST ±m: p = ..."), Fisher's exact test.
 _P = re.compile(r"(?:(?P<kind>TOST [^:]*): |(?P<fisher>Fisher) )?p = (?P<p>[^,]+), "
                 r"Holm (?P<holm>[^\s;]+)")
-DECIDED_AT_INIT = "decided at init"
 
 
 def _test(line: str) -> dict | None:
@@ -98,7 +100,7 @@ def study_claims(study_dir: pathlib.Path) -> list[dict]:
         rows.append({
             "study": study_dir.name, "claim": int(number), "name": claim.text,
             "source": claim.source, "verdict": verdict.group(1),
-            "decided_at_init": DECIDED_AT_INIT in verdict.group(0),
+            "decided_at_init": at_init.DECIDED_AT_INIT in verdict.group(0),
             "reason": verdict.group(2).removesuffix("."),
             **{key: deciding[0].get(key) for key in ("effect", "ci", "n", "test", "p",
                                                       "holm_p", "split")},
@@ -145,7 +147,7 @@ def _claims_cell(claims: pd.DataFrame) -> str:
     """The decided claims by number and name (init-decided ones marked), the rest by number."""
     parts = []
     for verdict in ("supported", "contradicted"):
-        named = [f"{r.claim}. {r.name}" + (f" ({DECIDED_AT_INIT})" if r.decided_at_init else "")
+        named = [f"{r.claim}. {r.name}" + (f" ({at_init.DECIDED_AT_INIT})" if r.decided_at_init else "")
                  for r in claims.itertuples() if r.verdict == verdict]
         if named:
             parts.append(f"**{verdict}**: " + "; ".join(named))

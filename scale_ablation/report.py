@@ -83,6 +83,16 @@ def _val_bpb_at(metrics: list[dict], step: int) -> float | None:
                  if r.get("step") == step and r.get("val/bpb") is not None), None)
 
 
+def _at_step_0(metrics: list[dict]) -> dict:
+    """The attention before any update (the diagnostics pass at step 0): the lowest layer's
+    normalised entropy and the largest layer's logit std; None for runs that logged none."""
+    row = next((r for r in metrics if r.get("step") == 0
+                and rm.layer_values(r, "entropy_normalised")), {})
+    entropies = rm.layer_values(row, "entropy_normalised")
+    return {"initial_entropy_normalised": min(entropies.values()) if entropies else None,
+            "initial_logit_std": rm.layer_max(row, "logit_std")}
+
+
 def _d_k(config: dict) -> int:
     """The q/k width per head: `model.qk_dim` when it is set apart, else the head dim."""
     return config["model"].get("qk_dim") or config["model"]["head_dim"]
@@ -127,6 +137,7 @@ def summarise_run(run: dict) -> dict:
         **{f"max_attention_logit/layer{i}": v for i, v in sorted(max_logits.items())},
         **intervention_rows.acted_fields(metrics, summary),  # did it act? (`analysis.acted`)
         **scale_predictor.row_fields(last_diag),  # the logits' sources (issue 53)
+        **_at_step_0(metrics),  # decided at init? (`analysis.at_init`)
         "initial_val_loss": next((r["val/loss"] for r in metrics
                                   if r.get("step") == 0 and r.get("val/loss") is not None), None),
         # An early budget (analysis/exponent.py's ExponentShift): the evaluation halfway through.

@@ -57,7 +57,8 @@ def test_post_against_pre_each_at_its_own_best_lr():
     assert verdict.verdict == "supported", verdict
     p = sps.ttest_1samp(differences, 0.0).pvalue  # a family of one: Holm leaves it as it is
     assert verdict.numbers == (
-        f"post (scale_policy=inv_sqrt_dk), d_k=32: Δ = {mean:.4f} ± {half:.4f} (n=3) on the "
+        f"post (scale_policy=inv_sqrt_dk), d_k=32: Δ = {mean:.4f} ± {half:.4f} bits per byte (n=3) "
+        f"on the "
         f"validation split; p = {p:.3g}, Holm {p:.3g} → worse",)
     assert "arms are values of model.norm_position" in rule.describe()
 

@@ -136,7 +136,8 @@ def test_arms_compare_pairs_each_arm_with_the_reference_arm():
     half = sps.t.ppf(0.975, 2) * diffs.std(ddof=1) / math.sqrt(3)
     (line,) = found.numbers
     p = sps.ttest_1samp(diffs, 0.0).pvalue  # one test: Holm leaves it unchanged
-    assert (f"lr=0.3: Δ = {diffs.mean():.4f} ± {half:.4f} (n=3) on the validation split; "
+    assert (f"lr=0.3: Δ = {diffs.mean():.4f} ± {half:.4f} bits per byte (n=3) on the "
+            "validation split; "
             f"p = {p:.3g}, Holm {p:.3g} → worse") in line
     assert "train.dtype" in rule.describe() and "LR >= 0.1" in rule.describe()
 
@@ -374,7 +375,7 @@ def test_unstable_kinds_count_only_the_named_failures_within_one_init():
     rule = c.Unstable(("none",), kinds=("diverged", "spiked"))
     fan_in = verdict(c.Within(rule, where=(("model.init", "fan_in"),)), rows)
     assert fan_in.verdict == "contradicted", fan_in
-    assert fan_in.numbers == ("none, d_k=64: LRs where no run diverged or spiked: 0.003; "
+    assert fan_in.numbers == ("none, d_k=64: no run diverged or spiked at LR 0.003; "
                               "3 diverged, 3 spiked, 3 not learning of 9 runs",)
     assert verdict(c.Within(rule, where=(("model.init", "gpt2"),)), rows).verdict == "supported"
     every_kind = verdict(c.Within(c.Unstable(("none",)), where=(("model.init", "fan_in"),)), rows)

@@ -268,10 +268,10 @@ def test_best_lr_per_policy_and_the_edge_warning(sweep):
     assert "WARNING: best LR on the edge of the grid" in summary_md(sweep)
 
 
-def scipy_paired(values: list[float], reference: list[float]) -> str:
+def scipy_paired(values: list[float], reference: list[float], unit: str = "") -> str:
     interval = sps.ttest_rel(values, reference).confidence_interval(0.95)
     mean = float(np.mean(np.subtract(values, reference)))
-    return f"{mean:.4f} ± {(interval.high - interval.low) / 2:.4f} (n={len(values)})"
+    return f"{mean:.4f} ± {(interval.high - interval.low) / 2:.4f}{unit} (n={len(values)})"
 
 
 def test_paired_differences_at_each_best_lr(sweep):
@@ -318,7 +318,7 @@ def test_paired_differences_at_the_same_lr(sweep):
 
 
 def test_failed_runs_table(sweep):
-    rows = {r[0]: r for r in section(summary_md(sweep), "## Failed runs")}
+    rows = {r[0]: r for r in section(summary_md(sweep), "## Runs with a failure kind")}
     diverged = f"policy={DIVERGED[0]},lr={DIVERGED[1]},seed={DIVERGED[2]}"
     spiked = f"policy={SPIKED[0]},lr={SPIKED[1]},seed={SPIKED[2]}"
     collapsed = {f"policy=none,lr=0.1,seed={s}" for s in SEEDS}
@@ -364,7 +364,7 @@ def test_claims_verdicts(sweep):
     lr = best_lr("none")
     values = [final_loss("none", lr, s) / math.log(2) for s in SEEDS]
     reference = [final_loss("inv_sqrt_dk", lr, s) / math.log(2) for s in SEEDS]
-    assert f"Δ = {scipy_paired(values, reference)} on the validation split" in text
+    assert f"Δ = {scipy_paired(values, reference, ' bits per byte')} on the validation split" in text
     # Every synthetic run ends above the bigram line: by the taxonomy none trains smoothly.
     assert re.search(r"d_k=64: smooth at no LR; .*not learning of", text)
 

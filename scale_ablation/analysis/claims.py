@@ -44,6 +44,11 @@ OPPOSITE = {"better": ("worse",), "worse": ("better",),
             "indistinguishable": ("better", "worse")}
 
 
+def quoted(policies: tuple[str, ...]) -> str:
+    """Policy names as code in a rule's text: `none` (scale 1) must not read as "no policy"."""
+    return ", ".join(f"`{p}`" for p in policies)
+
+
 @dataclasses.dataclass(frozen=True)
 class Compare:
     expect: str  # "better" | "worse" | "indistinguishable": the policy against the reference
@@ -65,7 +70,8 @@ class Compare:
             raise ValueError(f"Compare.at must be best_lr, each_lr or own_lr, got {self.at!r}")
 
     def describe(self) -> str:
-        who = ", ".join(self.policies) or f"every policy but {self.reference}"
+        ref = quoted((self.reference,))
+        who = quoted(self.policies) or f"every policy but {ref}"
         if self.metric == "lr_sensitivity":
             where = "each seed's curve over the LRs every setting ran"
         elif self.at == "own_lr":
@@ -75,16 +81,17 @@ class Compare:
                      "wider grid cannot reverse")
         else:
             where = "at every shared LR" + (f" >= {self.min_lr:g}" if self.min_lr else "")
-        metric = ("final validation bits per byte (MQAR: recall accuracy)"
-                  if self.metric == "primary" else self.metric)
+        metric = ("final bits per byte (MQAR: recall accuracy), learning rates chosen on the "
+                  "validation split and the difference reported on the test split where every "
+                  "run has one" if self.metric == "primary" else self.metric)
         metric = f"log10 {metric}" if self.log10 else metric
         dims = f", d_k >= {self.min_d_k}" if self.min_d_k else ""
         test = "paired t-test, Holm-corrected over the study's family"
         if self.expect == "indistinguishable":
             margin = "the noise floor" if self.margin is None else f"{self.margin:g}"
-            return (f"supported if {who} is equivalent to {self.reference} in {metric} within "
+            return (f"supported if {who} is equivalent to {ref} in {metric} within "
                     f"±{margin} (two one-sided tests; {where}{dims}; paired by seed; {test})")
-        return (f"supported if {who} is {self.expect} than {self.reference} in {metric} "
+        return (f"supported if {who} is {self.expect} than {ref} in {metric} "
                 f"({where}{dims}; paired by seed; {test})")
 
 
@@ -106,7 +113,7 @@ class Unstable:
                              f"(known: {', '.join(failures.FAILURE_KINDS)})")
 
     def describe(self) -> str:
-        who = ", ".join(self.policies)
+        who = quoted(self.policies)
         dims = f" at d_k >= {self.min_d_k}" if self.min_d_k else ""
         named = (" or ".join(k.replace("_", " ") for k in self.kinds) if self.kinds else
                  "diverged, spiked, collapsed its attention entropy, did not learn or collapsed")
@@ -135,9 +142,10 @@ class Counts:
     min_d_k: int = 0
 
     def describe(self) -> str:
-        who = ", ".join(self.policies) or f"every policy but {self.reference}"
+        ref = quoted((self.reference,))
+        who = quoted(self.policies) or f"every policy but {ref}"
         return (f"supported if {who} solves the task ({self.metric} >= {self.success_at:g}) in "
-                f"a {self.expect} fraction of runs than {self.reference} (each at its best LR; "
+                f"a {self.expect} fraction of runs than {ref} (each at its best LR; "
                 "Wilson intervals, Fisher's exact test, Holm-corrected over the study's family)")
 
 
@@ -157,10 +165,10 @@ class Diverges:
             raise ValueError(f"Diverges.expect must be more or fewer, got {self.expect!r}")
 
     def describe(self) -> str:
-        who = ", ".join(self.policies)
+        who, ref = quoted(self.policies), quoted((self.reference,))
         nothing = (f"contradicted if no run of {who} diverged" if self.expect == "more" else
-                   f"inconclusive if no run of {self.reference} diverged (nothing to cure)")
-        return (f"supported if {who} diverge in {self.expect} runs than {self.reference} at "
+                   f"inconclusive if no run of {ref} diverged (nothing to cure)")
+        return (f"supported if {who} diverge in {self.expect} runs than {ref} at "
                 f"some learning rate and in {OPPOSITE_COUNT[self.expect]} at none (each LR's "
                 f"runs counted over scale policies and seeds; Fisher's exact test, "
                 f"Holm-corrected over the study's family); {nothing}")
@@ -178,9 +186,10 @@ class Claim:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    verdict: str  # supported | contradicted | inconclusive
+    verdict: str  # supported | contradicted | inconclusive | not exercised
     reason: str
     numbers: tuple[str, ...]
+    at_init: bool = False  # an arm compared starts collapsed (`at_init`): decided at init
 
 
 # --------------------------------------------------------------------------- bands and arms

@@ -74,10 +74,11 @@ class Estimate:
     def high(self) -> float | None:
         return None if self.half_width is None else self.mean + self.half_width
 
-    def format(self, digits: int = 3) -> str:
+    def format(self, digits: int = 3, unit: str = "") -> str:
+        """"mean ± half-width unit (n=N)": `unit` with its leading space, or empty."""
         if self.half_width is None:
-            return f"{self.mean:.{digits}f} (n={self.n})"
-        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f} (n={self.n})"
+            return f"{self.mean:.{digits}f}{unit} (n={self.n})"
+        return f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f}{unit} (n={self.n})"
 
     def __str__(self) -> str:
         return self.format()

@@ -95,6 +95,11 @@ def grid_table(rows: list[dict], key: str, title: str, digits: int = 3) -> list[
     return lines
 
 
+PLUS_MINUS = ("Every a ± b here is a mean and the half-width of its 95% confidence interval "
+              "(Student t over seeds; n: the runs it rests on), in the table's unit: bits per "
+              "byte unless it says otherwise.")
+
+
 def noise_floor_lines(rows: list[dict], reference: str, key: str) -> list[str]:
     floor = cmp.noise_floor(rows, reference, key)
     what = key.removeprefix("final_")
@@ -201,12 +206,13 @@ def instability_table(rows: list[dict]) -> list[str]:
     """Every run with a failure of the taxonomy, the kinds named, once for the whole report."""
     failed = [(r, kinds) for r in rows if (kinds := failures.row_failures(r))]
     counts = {kind: sum(kind in k for _, k in failed) for kind in failures.FAILURE_KINDS}
-    lines = ["## Failed runs", "",
-             f"{len(failed)} of {len(rows)} runs failed by the taxonomy of "
+    lines = ["## Runs with a failure kind", "",
+             f"{len(failed)} of {len(rows)} runs have a failure kind of the taxonomy of "
              "scale_ablation/analysis/failures.py ("
              + ", ".join(f"{n} {kind}" for kind, n in counts.items()) + "):", "",
              *[f"- {kind}: {failures.FAILURE_MEANINGS[kind]}" for kind in failures.FAILURE_KINDS],
-             ""]
+             "", "A failure kind is an outcome, not a fault of the sweep: where a claim is about "
+             "a policy failing (not learning, diverging), these runs are its evidence.", ""]
     if not failed:
         return lines
     lines += ["| run | status | failures | diverged at | first spike | entropy collapsed at | "
@@ -306,7 +312,9 @@ def length_tables(rows: list[dict], best: list[cmp.BestLR], reference: str) -> l
 def write_markdown(rows: list[dict], path: str, reference: str = cmp.DEFAULT_REFERENCE) -> None:
     key, higher = cmp.primary_metric(rows)
     best = cmp.best_lrs(rows, key, higher) if cmp.has_lr_grid(rows) else []
-    lines = [*noise_floor_lines(rows, reference, key), *edge_warnings(best),
+    floor, *rest = noise_floor_lines(rows, reference, key)
+    # One paragraph, so that the report's inserted paragraphs still go after it.
+    lines = [f"{floor} {PLUS_MINUS}", *rest, *edge_warnings(best),
              *grid_table(rows, "final_val_bpb", "Final validation bits per byte")]
     for extra_key in extra_metric_keys(rows):
         lines += ["", *grid_table(rows, extra_key, f"Final {extra_key.removeprefix('final_')}")]

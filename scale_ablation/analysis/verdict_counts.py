@@ -34,6 +34,15 @@ def split_of(metric: str) -> str:
     return "the validation split" if metric.startswith("final_val") else "training diagnostics"
 
 
+def unit_of(metric: str, log10: bool = False) -> str:
+    """The unit of a difference in `metric` (empty when it has none: a logit, a ratio)."""
+    if log10:
+        return "in log10"
+    if metric.endswith("bpb") or metric == "lr_sensitivity":
+        return "bits per byte"
+    return "in accuracy" if "accuracy" in metric else ""
+
+
 class FisherCounts:
     """A rule of counts, each entry's last two fields (k, n) and the reference's (k_ref, n_ref),
     tested by Fisher's exact test in `self.fisher`; a decision names the higher fraction."""

@@ -11,6 +11,19 @@ from scale_ablation.analysis import failures
 from scale_ablation.analysis.claims import Unstable, Verdict
 
 SMOOTH, ROUGH, UNKNOWN = "smooth", "rough", "unknown"
+LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned beyond counting
+
+
+def barely_learns(runs: list[dict]) -> str:
+    """"" when the best finished run ends LEARNED_MARGIN or more below its bigram line (or
+    either is unknown), else what it says about a smooth LR: a model that trains smoothly
+    without learning much says little about stability (issue 54)."""
+    values = [v for r in runs if (v := cmp.finished_value(r, "final_val_bpb")) is not None]
+    bigram = [r["baseline_bigram_bpb"] for r in runs if r.get("baseline_bigram_bpb") is not None]
+    if not values or not bigram or min(values) <= min(bigram) - LEARNED_MARGIN:
+        return ""
+    return (f"barely learns: its best run ends {min(bigram) - min(values):.2f} bits per byte "
+            f"below the bigram line (less than {LEARNED_MARGIN})")
 
 
 def _lr_standing(runs: list[dict], kinds: tuple[str, ...] = ()) -> str:
@@ -50,12 +63,15 @@ def _unstable_line(policy: str, d_k: int, lrs: dict[float, str], runs: list[dict
     def listed(standing: str) -> str:
         return ", ".join(f"{lr:.3g}" for lr, s in lrs.items() if s == standing)
     unknown, smooth = listed(UNKNOWN), listed(SMOOTH)
-    named = " or ".join(k.replace("_", " ") for k in kinds)  # "no run ... at no LR" read worse
-    head = (f"LRs where no run {named}: {smooth or 'none'}; " if kinds else
+    named = " or ".join(k.replace("_", " ") for k in kinds)
+    # Never "...: none" for an empty list: `none` is a policy (scale 1).
+    head = ((f"no run {named} at LR {smooth}; " if smooth else f"at every LR a run {named}; ")
+            if kinds else
             f"smooth at LR {smooth}; " if smooth else "smooth at no LR; ")
+    weak = barely_learns(runs) if smooth else ""
     return (f"{policy}, d_k={d_k}: {head}"
             + (f"unknown at LR {unknown} (runs without a result); " if unknown else "")
-            + _failure_counts(runs))
+            + _failure_counts(runs) + (f"; {weak}" if weak else ""))
 
 
 def judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verdict:
@@ -71,13 +87,18 @@ def judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verd
         return "; ".join(f"{p} d_k={d}" for (p, d), lrs in standings.items()
                          if test(set(lrs.values())))
     trains = named(lambda found: SMOOTH in found)
+    weak = "; ".join(f"{p} d_k={d}" for (p, d), lrs in standings.items() if SMOOTH in
+                     set(lrs.values()) and barely_learns([r for r in rows
+                                                          if (r["policy"], r["d_k"]) == (p, d)]))
+    weak = f" ({weak} barely learns: its line says how little)" if weak else ""
     fails = named(lambda found: found == {ROUGH})
     unknown = named(lambda found: UNKNOWN in found and SMOOTH not in found)
     if caveats:
         return Verdict("inconclusive", "this sweep cannot tell (see the caveats)", numbers)
     if rule.expect_unstable:
         if trains:
-            return Verdict("contradicted", f"trains smoothly at some LR: {trains}", numbers)
+            return Verdict("contradicted", f"trains smoothly at some LR: {trains}{weak}",
+                           numbers)
         if unknown:
             return Verdict("inconclusive", "some learning rates have runs without a result: "
                            f"{unknown}", numbers)
@@ -87,4 +108,5 @@ def judge_unstable(rule: Unstable, rows: list[dict], caveats: list[str]) -> Verd
     if unknown:
         return Verdict("inconclusive", "no learning rate known to train smoothly, some with "
                        f"runs without a result: {unknown}", numbers)
-    return Verdict("supported", "every policy trains smoothly at some learning rate", numbers)
+    return Verdict("supported", f"every policy trains smoothly at some learning rate{weak}",
+                   numbers)

@@ -43,15 +43,19 @@ The rules, stated once:
   said at the head of every verdict, and a verdict that such a sweep cannot support is inconclusive.
 - **Did it act?** (`acted`): a comparison says how much each intervention it compares acted;
   one that acted in none of the compared runs makes the claim "not exercised" (`acted`).
+- **Decided at init** (`at_init`): a claim comparing arms says how they start (normalised
+  attention entropy and logit std at step 0); when one starts collapsed its verdict line says
+  "decided at init".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from scale_ablation.analysis import acted, intervals, significance
+from scale_ablation.analysis import acted, at_init, intervals, significance, verdict_unstable
 from scale_ablation.analysis import comparisons as cmp
 from scale_ablation.analysis.claims import (
     OPPOSITE,
@@ -66,11 +70,18 @@ from scale_ablation.analysis.claims import (
     Within,
 )
 from scale_ablation.analysis.verdict_bands import judge_band
-from scale_ablation.analysis.verdict_counts import Counting, Divergences, Test, p_text, split_of
+from scale_ablation.analysis.verdict_counts import (
+    Counting,
+    Divergences,
+    Test,
+    p_text,
+    split_of,
+    unit_of,
+)
 from scale_ablation.analysis.verdict_unstable import judge_unstable
 
 ALPHA = significance.ALPHA
-LEARNED_MARGIN = 0.3  # bits per byte below the bigram line: the runs learned beyond counting
+LEARNED_MARGIN = verdict_unstable.LEARNED_MARGIN
 EQUIVALENT = "equivalent"
 
 
@@ -118,7 +129,7 @@ def _with_finished_count(verdict: Verdict, rule: object, rows: list[dict]) -> Ve
     count = f"{done} of {len(arms)} runs of its arms finished"
     if done == 0:
         return Verdict("inconclusive", f"no run of its arms finished ({count})", verdict.numbers)
-    return Verdict(verdict.verdict, f"{verdict.reason} ({count})", verdict.numbers)
+    return dataclasses.replace(verdict, reason=f"{verdict.reason} ({count})")
 
 
 # --------------------------------------------------------------------------- one family of tests
@@ -140,7 +151,7 @@ class _Comparison:
     def __init__(self, rule: Compare, rows: list[dict], margin: float | None) -> None:
         rows = [r for r in rows if r["d_k"] >= rule.min_d_k]
         self.rule, self.margin = rule, margin
-        self.pairs, self.higher, self.split = _pairs(rule, rows)
+        self.pairs, self.higher, self.split, self.unit = _pairs(rule, rows)
         self.diverged = [d for d in cmp.diverged_at_same_lr(
             [r for r in rows if r["lr"] >= rule.min_lr], rule.reference)
             if rule.at == "each_lr" and (not rule.policies or d[1] in rule.policies)]
@@ -181,7 +192,14 @@ class _Comparison:
             f"{p.variant} d_k={p.d_k}: {d}" for p, d in zip(self.pairs, decisions, strict=True)
             if d in which)
         if against := named(OPPOSITE[self.rule.expect]):
-            return Verdict("contradicted", f"decided against the claim: {against}", numbers)
+            # A verdict resting on some cells of several says which, and what the rest say.
+            k = sum(d == OPPOSITE[self.rule.expect] for d in decisions)
+            agree = named({expected})
+            rest = f"; as claimed in {sum(d == expected for d in decisions)}: {agree}" if (
+                agree) else "; none as claimed"
+            share = f" in {k} of {len(decisions)} comparisons" if len(decisions) > 1 else ""
+            return Verdict("contradicted", f"decided against the claim{share}: {against}"
+                           + (rest if len(decisions) > 1 else ""), numbers)
         if caveats or any(d != expected for d in decisions):
             unresolved = named({d for d in decisions if d != expected})
             return Verdict("inconclusive", "not resolved by the data"
@@ -205,18 +223,20 @@ class _Comparison:
         if self.rule.expect == "indistinguishable":
             margin = "no margin" if self.margin is None else f"±{self.margin:.3g}"
             tost = f"; TOST {margin}: {p_text(self.same[i])}"
-        return (f"{p.variant}, d_k={p.d_k}{where}: Δ = {p.difference.format(4)} on "
+        unit = f" {self.unit}" if self.unit else ""
+        return (f"{p.variant}, d_k={p.d_k}{where}: Δ = {p.difference.format(4, unit)} on "
                 f"{self.split}; {p_text(self.differ[i])}{tost} → {self.decision(i)}")
 
 
-def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str]:
-    """The rule's paired comparisons, whether higher is better, and the split they report."""
+def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str, str]:
+    """The rule's paired comparisons, whether higher is better, the split they report and the
+    unit of their differences."""
     key, higher = cmp.primary_metric(rows)
     if rule.log10 and rule.metric not in ("primary", "lr_sensitivity"):
         rows = cmp.log10_rows(rows, rule.metric)
     if rule.metric == "lr_sensitivity":
         found, split = cmp.paired_sensitivity(rows, rule.reference), "the shared LR grid"
-        higher = False
+        higher, metric = False, rule.metric
     else:
         chosen = key if rule.metric == "primary" else rule.metric
         # A log10 metric's test counterpart is not log10'd: it reports on what it chose on.
@@ -231,7 +251,8 @@ def _pairs(rule: Compare, rows: list[dict]) -> tuple[list[cmp.Paired], bool, str
         else:
             found = cmp.paired_same_lr([r for r in rows if r["lr"] >= rule.min_lr],
                                        rule.reference, metric, higher)
-    return [p for p in found if not rule.policies or p.policy in rule.policies], higher, split
+    return ([p for p in found if not rule.policies or p.policy in rule.policies], higher, split,
+            unit_of(metric, rule.log10))
 
 
 def _paired_own_lr(rows: list[dict], reference: str, key: str,
@@ -299,6 +320,7 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
         else:
             verdict = judge_unstable(part[0], part[1], caveats)
         verdict = acted.annotate(verdict, rule, cmp.finished_rows(every_row))
+        verdict = at_init.annotate(verdict, rule, cmp.finished_rows(_arms(rule, every_row)))
         out.append(_with_finished_count(verdict, rule, every_row))
     return out
 
