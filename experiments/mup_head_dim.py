@@ -24,11 +24,15 @@ the same model: 2 settings × 4 q/k dims × 7 LRs × 3 seeds = 168 runs), defaul
 accelerator: d_model 512, 8 heads, 4 layers, 2000 steps of 64 × 256, head dims 32-256, base 32,
 8 LRs from 2.5e-4) and `quick` (tests: d_model 32, head dims 16 and 32, 2 LRs, 1 seed).
 
-Not yet judged: `analysis/transfer.py` groups runs by `model.d_model` (width), so this study's
-verdict per setting waits for that rule to take the axis (issue 55 item 4); hence no claims().
+Claims: per setting, whether its best LR transfers along the arm's axis (`transfer.Transfer`
+with `axis`: the head dim or the q/k width; the rule's margin is one grid step, ×2, intervals
+included): μP with 1/d_k should (Yang et al. 2022), SP with 1/√d_k should not, and μP with
+1/√d_k is the article's choice asked μP's way.
 """
 
 from experiments import base
+from scale_ablation.analysis import claims as claims_lib
+from scale_ablation.analysis import transfer
 
 # (parametrisation, policy) per arm; mup_inv_dk gets the base head dim (`policy_spec`).
 SETTINGS = {"head_dim": (("sp", "inv_sqrt_dk"), ("mup", "mup_inv_dk"), ("mup", "inv_sqrt_dk")),
@@ -81,3 +85,22 @@ def sweep(arg: str | None = None) -> list[dict]:
         for lr in lrs
         for seed in seeds
     ]
+
+
+def claims(arg: str | None = None) -> list[claims_lib.Claim]:
+    """The transfer claims along the arm's axis (each judged by `transfer.Transfer.judge`)."""
+    axis = arm_of(arg)
+    column, along = f"override:model.{axis}", transfer.AXES[f"override:model.{axis}"]
+    mup_1_over_dk = ("mup", policy_spec("mup_inv_dk", arg))
+    out = [claims_lib.Claim(f"Under μP with 1/d_k the best learning rate is the same at every "
+                            f"{along}", transfer.Transfer((mup_1_over_dk,), axis=column),
+                            source="Yang et al. 2022"),
+           claims_lib.Claim(f"Under μP, 1/√d_k transfers along the {along} too",
+                            transfer.Transfer((("mup", "inv_sqrt_dk"),), axis=column),
+                            source="article §2.3")]
+    if axis == "head_dim":  # the q/k arm has no SP setting: μP changes only its scale there
+        out.insert(1, claims_lib.Claim(
+            f"Under SP with 1/√d_k the best learning rate moves with the {along}",
+            transfer.Transfer((("sp", "inv_sqrt_dk"),), expect=False, axis=column),
+            source="Yang et al. 2022"))
+    return out

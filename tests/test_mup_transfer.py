@@ -53,6 +53,36 @@ def test_seeds_that_disagree_leave_transfer_unresolved(expect):
     assert verdict.verdict == "inconclusive" and "unresolved" in verdict.numbers[0]
 
 
+def test_a_seed_run_at_some_lrs_only_is_missing_not_failed():
+    """Seeds 2 and 3 added at width 128's three lowest LRs only, below its best (8e-3): the
+    optima are those of seeds 0-1 alone (counted as failures where they were not run, they
+    would move the best down to 4e-3), while a run of seed 1 without a finite loss still ranks
+    its LR below every finished one."""
+    rows = synthetic_rows(lambda w: 8e-3)
+    added = [{**r, "seed": seed} for r in rows for seed in (2, 3)
+             if r["override:model.d_model"] == 128 and r["seed"] == 0 and r["lr"] < 5e-3]
+    plain = transfer.optima(rows)[("mup", "inv_sqrt_dk")]
+    with_added = transfer.optima(rows + added)[("mup", "inv_sqrt_dk")]
+    assert {w: o.lr_star for w, o in with_added.items()} == {w: o.lr_star
+                                                            for w, o in plain.items()}
+    assert with_added[128].n_seeds == 2
+    failed = [{**r, "final_val_bpb": None, "status": "diverged"}
+              if (r["override:model.d_model"], r["seed"], r["lr"]) == (128, 1, 8e-3) else r
+              for r in rows]
+    assert transfer.optima(failed)[("mup", "inv_sqrt_dk")][128].best_lr != 8e-3
+
+
+@pytest.mark.parametrize("axis", ["override:model.head_dim", "override:model.qk_dim"])
+def test_the_rule_takes_any_axis(axis):
+    """The same curves keyed by a head dim instead of d_model give the same verdicts."""
+    rows = [{**{k: v for k, v in r.items() if k != transfer.WIDTH},
+             axis: r[transfer.WIDTH] // 4} for r in synthetic_rows(lambda w: 8e-3 * 64 / w)]
+    for expect, verdict in ((True, "contradicted"), (False, "supported")):
+        found = transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=expect, axis=axis).judge(rows)
+        assert found.verdict == verdict and transfer.AXES[axis] in found.numbers[0]
+    assert transfer.Transfer((("mup", "inv_sqrt_dk"),)).judge(rows).verdict == "inconclusive"
+
+
 @pytest.mark.slow  # ~1-2 min; the transfer rule and plots are checked on synthetic rows
 def test_quick_width_sweep_runs_end_to_end(tmp_path):
     spec = f"{REPO}/experiments/mup_transfer.py:quick"

@@ -90,11 +90,31 @@ def settings() -> set[tuple[str, str]]:
 def test_the_report_draws_both_for_a_width_sweep_and_neither_without_one(rendered):
     _, found, style, figures = rendered
     assert set(NAMES) <= set(figures)
-    no_width = [{k: v for k, v in r.items() if k != transfer.WIDTH} for r in found]
+    no_width = [{k: v for k, v in r.items() if k not in transfer_plots.LABELS} for r in found]
     one_width = [r for r in found if r[transfer.WIDTH] == 64]
     one_lr = [r for r in found if r["lr"] == found[0]["lr"]]
     for other in (no_width, one_width, one_lr):
         assert transfer_plots.figures(other, style) == {}
+
+
+@pytest.mark.parametrize("axis, name", [("override:model.head_dim", "head_dim"),
+                                        ("override:model.qk_dim", "qk_dim")])
+def test_a_head_dim_sweep_draws_its_own_axis_and_a_study_without_parametrisations_none(
+        rendered, axis, name):
+    """The same rows keyed by a head dim (issue 55: transfer along d_k) draw the two figures
+    under that axis's names, labelled by it, with the same located optima; without the
+    parametrisation column (dk_sweep, dk_exponent vary head dims too) nothing is drawn."""
+    _, found, style, figures = rendered
+    keyed = [{**{k: v for k, v in r.items() if k not in transfer_plots.LABELS},
+              axis: r[transfer.WIDTH] // 4} for r in found]
+    drawn = transfer_plots.figures(keyed, style)
+    assert set(drawn) == {f"best_lr_vs_{name}.png", f"loss_vs_lr_by_{name}.png"}
+    labels = {ax.get_xlabel() for ax in drawn[f"best_lr_vs_{name}.png"].axes}
+    assert transfer_plots.LABELS[axis][0] in labels
+    assert series(drawn[f"best_lr_vs_{name}.png"]).keys() == series(
+        figures["best_lr_vs_width.png"]).keys()
+    bare = [{k: v for k, v in r.items() if k != transfer.PARAMETRIZATION} for r in keyed]
+    assert transfer_plots.figures(bare, style) == {}
 
 
 def test_every_series_drawn(rendered):

@@ -25,22 +25,31 @@ from scale_ablation.analysis import optimum
 from scale_ablation.analysis.claims import Verdict
 
 WIDTH = "override:model.d_model"
+# The axes a transfer is judged along: the run-row column of each, and its name in the text.
+AXES = {WIDTH: "width", "override:model.head_dim": "head dim",
+        "override:model.qk_dim": "q/k width"}
 PARAMETRIZATION = "override:model.parametrization"
 
 
-def optima(rows: list[dict]) -> dict[tuple[str, str], dict[int, optimum.Optimum]]:
-    """(parametrisation, policy) -> width -> located optimum of the primary metric."""
+def optima(rows: list[dict], axis: str = WIDTH
+           ) -> dict[tuple[str, str], dict[int, optimum.Optimum]]:
+    """(parametrisation, policy) -> value of `axis` (a run-row column) -> located optimum of the
+    primary metric. A seed not run at every LR of a value is left out there (a seed added at
+    some values only is missing at the others, not failed); a run without a finite loss counts
+    as failed (`optimum.fit_optimum`)."""
     key, _ = cmp.primary_metric(rows)
     curves: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     for r in rows:
+        if r.get(axis) in (None, ""):
+            continue
         group = (str(r.get(PARAMETRIZATION, "sp")), r["policy"])
-        curves[group][int(r[WIDTH])][r["seed"]][r["lr"]] = cmp.finished_value(r, key)
+        curves[group][int(r[axis])][r["seed"]][r["lr"]] = cmp.finished_value(r, key)
     out: dict = {}
     for group, by_width in curves.items():
         out[group] = {}
         for width, by_seed in sorted(by_width.items()):
             lrs = sorted({lr for seeds in by_seed.values() for lr in seeds})
-            losses = {s: [v.get(lr) for lr in lrs] for s, v in by_seed.items()}
+            losses = {s: [v[lr] for lr in lrs] for s, v in by_seed.items() if set(lrs) <= set(v)}
             try:
                 out[group][width] = optimum.fit_optimum(lrs, losses, n_boot=200)
             except ValueError:  # fewer than two LRs, or none finished
@@ -92,18 +101,20 @@ class Transfer:
 
     settings: tuple[tuple[str, str], ...]  # (parametrisation, policy)
     expect: bool = True
+    axis: str = WIDTH  # the run-row column the LR is to transfer along (`AXES`)
 
     def describe(self) -> str:
         who = "; ".join(f"{p} with {policy}" for p, policy in self.settings)
-        does = ("stays within one grid step across the widths, intervals included"
-                if self.expect else "moves by more than one grid step across the widths, the "
-                "extreme widths' intervals apart")
+        along = AXES.get(self.axis, self.axis)
+        does = (f"stays within one grid step across the {along} values, intervals included"
+                if self.expect else f"moves by more than one grid step across the {along} "
+                "values, the extreme values' intervals apart")
         return (f"supported if the located best LR of {who} {does} (optimum.fit_optimum per "
                 "width, its interval located.py's with the best LR re-chosen in every draw; an "
                 "edge optimum is a bound)")
 
     def judge(self, rows: list[dict]):
-        found = optima(rows)
+        found = optima(rows, self.axis)
         numbers, outcomes = [], []
         for setting in self.settings:
             by_width = found.get(setting)
@@ -115,7 +126,8 @@ class Transfer:
             located = ", ".join(f"{w}: {o.lr_star:.3g}{_ci_text(o)}"
                                 + ("" if o.interior else " (edge)")
                                 for w, o in by_width.items())
-            numbers.append(f"{setting[0]} {setting[1]}: best LR by width {located}; "
+            numbers.append(f"{setting[0]} {setting[1]}: best LR by "
+                           f"{AXES.get(self.axis, self.axis)} {located}; "
                            f"max/min {ratio:.2f} against a step of {step:.2f} → {result}")
         wanted = "transfers" if self.expect else "moves"
         if all(o == wanted for o in outcomes):

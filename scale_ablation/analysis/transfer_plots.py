@@ -32,8 +32,23 @@ NAMES = {"sp": "SP", "mup": "μP"}
 STYLES = {"sp": ("-", "o"), "mup": ("--", "s")}  # line style and marker per parametrisation
 
 
-def _width_rows(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get(transfer.WIDTH) not in (None, "")]
+# The x-axis label and the figures' file names per transfer axis.
+LABELS = {transfer.WIDTH: ("width (d_model)", "width"),
+          "override:model.head_dim": ("head dim (q, k, v per head)", "head_dim"),
+          "override:model.qk_dim": ("q/k width per head", "qk_dim")}
+
+
+def axis_of(rows: list[dict]) -> str | None:
+    """The transfer axis the rows vary (two values or more), first of `LABELS`, or None. A head
+    dim or q/k width counts only in a study of parametrisations (dk_sweep and dk_exponent vary
+    them too, where a best LR per policy and head dim is not a transfer question)."""
+    def varies(axis: str) -> bool:
+        return len({r[axis] for r in rows if r.get(axis) not in (None, "")}) >= 2
+    if varies(transfer.WIDTH):
+        return transfer.WIDTH
+    if not any(r.get(transfer.PARAMETRIZATION) not in (None, "") for r in rows):
+        return None
+    return next((axis for axis in LABELS if varies(axis)), None)
 
 
 def _parametrizations(found: dict) -> list[str]:
@@ -117,9 +132,10 @@ def _best_panel(ax, param: str, mine: list[tuple[str, dict]], style: look.Style,
     return labels
 
 
-def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
-    """A panel per parametrisation: the located best LR against width, a line per policy."""
-    found = {g: w for g, w in transfer.optima(rows).items() if len(w) >= 2}
+def plot_best_lr(rows: list[dict], style: look.Style,
+                 axis: str = transfer.WIDTH) -> Figure | None:
+    """A panel per parametrisation: the located best LR against `axis`, a line per policy."""
+    found = {g: w for g, w in transfer.optima(rows, axis).items() if len(w) >= 2}
     if not found:
         return None
     params = _parametrizations(found)
@@ -141,14 +157,15 @@ def plot_best_lr(rows: list[dict], style: look.Style) -> Figure | None:
         ax.set_xlim(widths[0] / 1.3, widths[-1] * 1.9)  # room for the ratios at the right
         _place_ratios(ax, labels)
     step = max(transfer.spread(by_width)[1] for by_width in found.values())
-    keys.mark(f"×r: max/min best LR over widths;\ntransfers when r ≤ the grid step ×{step:.2g}",
-              linestyle="none")
-    look.axis_labels(axes, used, "width (d_model)", "located best learning rate")
+    along = transfer.AXES[axis]
+    keys.mark(f"×r: max/min best LR over the {along} values;\ntransfers when r ≤ the grid step "
+              f"×{step:.2g}", linestyle="none")
+    look.axis_labels(axes, used, LABELS[axis][0], "located best learning rate")
     sizes = sorted(keys.sizes)
     n = f"n = {sizes[0]}" if sizes[0] == sizes[-1] else f"n = {sizes[0]}–{sizes[-1]}"
     ci = "\n95% CI (located.py) where n ≥ 2" if sizes[-1] >= 2 else ": no CI"
     seeds = "seed" if sizes[-1] == 1 else "seeds"
-    return look.finish(fig, axes, used, keys, f"located optimum per width\n({n} {seeds}){ci}")
+    return look.finish(fig, axes, used, keys, f"located optimum per {along}\n({n} {seeds}){ci}")
 
 
 def _curve(runs: list[dict], key: str) -> list[groups.Point]:
@@ -195,14 +212,17 @@ def _star(ax, best: optimum.Optimum, shade, keys: look.Keys) -> None:
               fillstyle="none", markeredgewidth=1.2, linestyle="none")
 
 
-def plot_loss_by_width(rows: list[dict], style: look.Style) -> Figure | None:
-    """Small multiples by (parametrisation, policy): loss against LR, a curve per width."""
+def plot_loss_by_width(rows: list[dict], style: look.Style,
+                       axis: str = transfer.WIDTH) -> Figure | None:
+    """Small multiples by (parametrisation, policy): loss against LR, a curve per value of
+    `axis` (a width, a head dim)."""
     key, _ = cmp.primary_metric(rows)
-    found = transfer.optima(rows)
+    found = transfer.optima(rows, axis)
+    along = transfer.AXES[axis]
     runs: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
         group = (str(r.get(transfer.PARAMETRIZATION, "sp")), r["policy"])
-        runs[group][int(r[transfer.WIDTH])].append(r)
+        runs[group][int(r[axis])].append(r)
     params = _parametrizations(runs)
     policies = sorted(dict.fromkeys(policy for _, policy in runs), key=list(style.colours).index)
     widths = sorted({w for by_width in runs.values() for w in by_width})
@@ -210,7 +230,7 @@ def plot_loss_by_width(rows: list[dict], style: look.Style) -> Figure | None:
     fig, axes = look.panels(grid, sharey=True)
     keys, used = _keys(style), set()
     for w in widths:
-        keys.mark(f"width {w}", color=_shade("0.15", widths.index(w), len(widths)), linewidth=2)
+        keys.mark(f"{along} {w}", color=_shade("0.15", widths.index(w), len(widths)), linewidth=2)
     for (param, policy), by_width in runs.items():
         i, j = grid.index(param, policy)
         ax, colour = axes[i][j], style.colours.get(policy, "k")
@@ -231,16 +251,17 @@ def plot_loss_by_width(rows: list[dict], style: look.Style) -> Figure | None:
         look.baselines(axes[i][j], rows, "bpb", keys, corner="left")
     look.axis_labels(axes, used, "learning rate", "final validation bits per byte")
     return look.finish(fig, axes, used, keys, keys.title(
-        "hue: policy; shade: width\n(light narrow, dark wide)\nmean over seeds"))
+        f"hue: policy; shade: {along}\n(light small, dark large)\nmean over seeds"))
 
 
 def figures(rows: list[dict], style: look.Style | None = None) -> dict[str, Figure]:
-    """The study's two figures, or {} unless the rows vary `model.d_model` (two widths or more)
-    on an LR grid."""
-    rows = _width_rows(rows)
-    if len({int(r[transfer.WIDTH]) for r in rows}) < 2 or not cmp.has_lr_grid(rows):
+    """The study's two figures along the axis its rows vary (`axis_of`: d_model, the head dim
+    or the q/k width, two values or more), or {} when they vary none on an LR grid."""
+    axis = axis_of(rows)
+    rows = [r for r in rows if axis and r.get(axis) not in (None, "")]
+    if axis is None or not cmp.has_lr_grid(rows):
         return {}
-    style = style or look.Style.of(rows)
-    out = {"best_lr_vs_width.png": plot_best_lr(rows, style),
-           "loss_vs_lr_by_width.png": plot_loss_by_width(rows, style)}
+    style, name = style or look.Style.of(rows), LABELS[axis][1]
+    out = {f"best_lr_vs_{name}.png": plot_best_lr(rows, style, axis),
+           f"loss_vs_lr_by_{name}.png": plot_loss_by_width(rows, style, axis)}
     return {name: fig for name, fig in out.items() if fig is not None}
