@@ -100,7 +100,8 @@ def study_claims(study_dir: pathlib.Path) -> list[dict]:
         rows.append({
             "study": study_dir.name, "claim": int(number), "name": claim.text,
             "source": claim.source, "verdict": verdict.group(1),
-            "decided_at_init": at_init.DECIDED_AT_INIT in verdict.group(0),
+            "decided_at_init": (at_init.DECIDED_AT_INIT in verdict.group(0)
+                                and at_init.PARTLY not in verdict.group(0)),
             "reason": verdict.group(2).removesuffix("."),
             **{key: deciding[0].get(key) for key in ("effect", "ci", "n", "test", "p",
                                                       "holm_p", "split")},

@@ -40,7 +40,8 @@ SMOOTH = c.Claim("none is unstable", c.Unstable(policies=("none",)))
 
 
 def marked(verdict) -> bool:
-    return verdict.at_init and any(n.startswith("decided at init") for n in verdict.numbers)
+    return verdict.at_init == "decided at init" and any(n.startswith("decided at init")
+                                                        for n in verdict.numbers)
 
 
 @pytest.mark.parametrize("entropy, std, expected", [
@@ -72,6 +73,19 @@ def test_the_mark_leaves_the_verdict_and_reaches_the_claims_table(tmp_path):
     assert line and "decided at init" in line.group(0) and line.group(1) == "supported"
     assert "none d_k=64: normalised entropy 0.16, logit std 11.40 (median of 3)" in \
         path.read_text()
+
+
+def test_one_collapsed_arm_of_several_marks_it_partly():
+    """`none` collapsed at d_k 64, healthy at d_k 16 (another cell of the same claim): partly
+    decided at init, which the claims table does not count as the whole kind."""
+    data = rows(0.16, 11.4) + [{**r, "d_k": 16, "initial_entropy_normalised": 0.9,
+                                "initial_logit_std": 1.0} for r in rows(0.9, 1.0)]
+    found = verdicts.judge(WORSE, data)
+    assert found.at_init == "partly decided at init"
+    assert any(n.startswith("partly decided at init: 1 of 4 arms") for n in found.numbers)
+    reference_collapsed = [{**r, "initial_entropy_normalised": 0.1} if r["policy"] ==
+                           "inv_sqrt_dk" and r["d_k"] == 16 else r for r in data]
+    assert verdicts.judge(WORSE, reference_collapsed).at_init == "decided at init"
 
 
 def test_curve_rules_are_not_arm_comparisons():

@@ -145,7 +145,7 @@ def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str | tuple
     run_args = [f"--config={QUICK}", f"--workdir={tmp / 'run'}"]
     coord_args = [f"--config={QUICK}", f"--out={tmp / 'coord'}"]
     source, study, mqar = str(tmp / "source"), str(tmp / "headline"), str(tmp / "mqar")
-    published = str(REPO / "experiments" / "results" / "headline")  # only read
+    published = str(REPO / "experiments" / "results" / "scale_one_fan_in")  # only read
     imports = {name: f"--imports={tmp / name}" for name in USER_FILES}
     cases = [
         ("sweep", [*sweep_args, "--budget_hours=abc"], "budget_hours"),
@@ -246,8 +246,8 @@ def study_fixtures(tmp: pathlib.Path) -> None:
     runs = [write_run(tmp / "source", policy, 3e-3, seed) for policy in ("inv_sqrt_dk", "none")
             for seed in (0, 1)]
     (tmp / "source" / "sweep.json").write_text(json.dumps({"config": HEADLINE, "runs": runs}))
-    for study, published in (("headline", "headline"), ("mqar", "mqar_cpu"),
-                             ("malformed", "headline")):
+    for study, published in (("headline", "scale_one_fan_in"), ("mqar", "mqar_cpu"),
+                             ("malformed", "scale_one_fan_in")):
         (tmp / study).mkdir()
         for name in ("summary.csv", "claims.md"):
             shutil.copy(REPO / "experiments" / "results" / published / name, tmp / study / name)

@@ -382,3 +382,23 @@ def test_unstable_kinds_count_only_the_named_failures_within_one_init():
     assert every_kind.verdict == "supported", every_kind  # not learning is a failure there
     with pytest.raises(ValueError, match="unknown failure kinds"):
         c.Unstable(("none",), kinds=("exploded",))
+
+
+def test_a_contradiction_resting_on_some_cells_says_how_many_and_what_the_rest_say():
+    """Scale 1 worse than 1/√d_k at d_k 16 and 32, better at 64 (issue 54: dk_sweep's claim 2
+    rested on one cell of six): contradicted, in 1 of 3 comparisons, 2 as claimed."""
+    rows = []
+    for d_k, shift in ((16, 0.5), (32, 0.4), (64, -0.3)):
+        for seed in range(3):
+            for policy, bpb in (("inv_sqrt_dk", 2.0 + 0.01 * seed),
+                                ("none", 2.0 + shift + 0.02 * seed)):
+                rows.append({"policy": policy, "d_k": d_k, "lr": 3e-3, "seed": seed,
+                             "status": "completed", "final_val_bpb": bpb,
+                             "spike_step": None, "collapse_step": None,
+                             "override:policy": policy, "override:train.seed": seed})
+    found = verdicts.judge(c.Claim("scale 1 is worse", c.Compare("worse", policies=("none",),
+                                                                  at="own_lr")), rows)
+    assert found.verdict == "contradicted"
+    assert found.reason.startswith("decided against the claim in 1 of 3 comparisons: none "
+                                   "d_k=64: better; as claimed in 2: none d_k=16: worse; none "
+                                   "d_k=32: worse"), found.reason

@@ -55,12 +55,14 @@ def test_the_index_names_the_decided_claims():
 
 
 def test_a_changed_verdict_makes_the_index_stale(tmp_path):
-    """A copy of the repository's published headline: written, then its claims.md changed (a
+    """A copy of the repository's published scale_one_fan_in: written, then its claims.md changed (a
     verdict headed by caveats with colons, as a smoke run's is), the check names the files."""
     root = tmp_path / "repo"
     (root / "experiments" / "results").mkdir(parents=True)
-    shutil.copy2(REPO / "experiments" / "headline.py", root / "experiments" / "headline.py")
-    shutil.copytree(RESULTS / "headline", root / "experiments" / "results" / "headline")
+    shutil.copy2(REPO / "experiments" / "scale_one_fan_in.py",
+                 root / "experiments" / "scale_one_fan_in.py")
+    shutil.copytree(RESULTS / "scale_one_fan_in",
+                    root / "experiments" / "results" / "scale_one_fan_in")
     shutil.copy2(RESULTS / "index.csv", root / "experiments" / "results" / "index.csv")
     (root / "README.md").write_text("# x\n\n## Results\n\nText.\n\n| old |\n|---|\n\n## Next\n")
     claims_table.write(root)
@@ -68,10 +70,10 @@ def test_a_changed_verdict_makes_the_index_stale(tmp_path):
     readme = (root / "README.md").read_text()
     assert readme.startswith("# x\n\n## Results\n\nText.\n\n| study | runs |")
     assert readme.endswith("|\n\n## Next\n") and "| old |" not in readme
-    claims = root / "experiments" / "results" / "headline" / "claims.md"
+    claims = root / "experiments" / "results" / "scale_one_fan_in" / "claims.md"
     text = claims.read_text()
-    changed = text.replace("Verdict: **supported**", "Verdict (one seed per setting: no interval "
-                           "can be formed): **inconclusive**", 1)
+    changed = re.sub(r"^Verdict[^\n]*?: \*\*supported\*\*", "Verdict (one seed per setting: no "
+                     "interval can be formed): **inconclusive**", text, count=1, flags=re.M)
     assert changed != text
     claims.write_text(changed)
     assert sorted(claims_table.stale(root)) == sorted(

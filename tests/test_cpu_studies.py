@@ -56,7 +56,7 @@ def test_the_script_counts_finished_runs_as_publish_does(tmp_path):
     """Its trigger for a new stash (a grep over summary.json) against `publish.finished_runs`
     (the JSON read), on the headline's runs beside a preempted one and one never finished."""
     sweep = tmp_path / "sweep"
-    headline = REPO / "experiments" / "results" / "headline" / study_store.STORE_FILE
+    headline = REPO / "experiments" / "results" / "scale_one_fan_in" / study_store.STORE_FILE
     study_store.write_run_dirs(study_store.read_store(str(headline)), str(sweep))
     preempted = sweep / "policy=none,lr=0.03,seed=0"
     shutil.copytree(sweep / "policy=none,lr=0.001,seed=0", preempted)

@@ -1,6 +1,6 @@
 """Publishing a sweep: its record files only (a study store), the report written from them, the
-READMEs requoted. The sweep published here is the headline study's own runs, written back from its
-store, so its report must come out as the committed one (itself checked by test_published against
+READMEs requoted. The sweep published here is scale_one_fan_in's own runs (the earlier main job),
+written back from its store, so its report must come out as the committed one (itself checked by test_published against
 the same store)."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from helpers import REPO, snapshot
 from scale_ablation import claims_table, publish
 from scale_ablation.records import study_store
 
-HEADLINE = REPO / "experiments" / "results" / "headline"
+STUDY = "scale_one_fan_in"
+HEADLINE = REPO / "experiments" / "results" / STUDY
 STORE = HEADLINE / study_store.STORE_FILE
 
 
@@ -30,9 +31,10 @@ def stored(path: pathlib.Path) -> str:
 
 
 def headline_runs(target: pathlib.Path) -> None:
-    """The headline's run directories, written back from its store."""
+    """The study's run directories, written back from its store."""
     study_store.write_run_dirs(study_store.read_store(str(STORE)), str(target))
-INDEX_ROW = ("| Headline | 5 | contradicted | [headline](experiments/results/headline/README.md) "
+TITLE = "Scale 1 at fan_in, d_k 128 (the earlier main job)"  # index.csv's
+INDEX_ROW = (f"| {TITLE} | 5 | contradicted | [{STUDY}](experiments/results/{STUDY}/README.md) "
              "| contradicted | — |")
 
 
@@ -43,9 +45,9 @@ def rows(path: pathlib.Path) -> list[dict]:
 
 @pytest.fixture
 def sweep(tmp_path) -> pathlib.Path:
-    """The headline sweep as a finished run directory holds it: checkpoints and a W&B folder
+    """The study's sweep as a finished run directory holds it: checkpoints and a W&B folder
     beside the record files, one run started but not finished, and one preempted."""
-    source = tmp_path / "runs" / "headline"
+    source = tmp_path / "runs" / STUDY
     headline_runs(source)
     for run in sorted(p for p in source.iterdir() if p.is_dir()):
         (run / "checkpoints" / "10").mkdir(parents=True)
@@ -67,15 +69,15 @@ def repository(tmp_path) -> pathlib.Path:
     quotes a stale claims.md; its experiment file and the index's hand-written part
     (index.csv) as the repository holds them."""
     root = tmp_path / "repo"
-    study = root / "experiments" / "results" / "headline"
+    study = root / "experiments" / "results" / STUDY
     study.mkdir(parents=True)
     (root / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     (root / "README.md").write_text(f"# x\n\n## Results\n\n{INDEX_ROW}\n")
-    shutil.copy2(REPO / "experiments" / "headline.py", root / "experiments" / "headline.py")
+    shutil.copy2(REPO / "experiments" / f"{STUDY}.py", root / "experiments" / f"{STUDY}.py")
     shutil.copy2(REPO / "experiments" / "results" / "index.csv",
                  root / "experiments" / "results" / "index.csv")
     (study / "README.md").write_text(
-        "# Headline\n\n<!-- claims: experiments/results/headline/claims.md -->\n> # old\n"
+        f"# Old\n\n<!-- claims: experiments/results/{STUDY}/claims.md -->\n> # old\n"
         "<!-- end claims -->\n")
     (study / "old_plot.png").write_bytes(b"stale")
     return root
@@ -83,10 +85,10 @@ def repository(tmp_path) -> pathlib.Path:
 
 def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep, repository):
     before = snapshot(sweep)
-    dest = repository / "experiments" / "results" / "headline"
+    dest = repository / "experiments" / "results" / STUDY
     runs, changed = publish.publish(str(sweep), str(dest))
 
-    # the headline's own runs: not the preempted one, nor the one never finished; their record
+    # the study's own runs: not the preempted one, nor the one never finished; their record
     # files whole (step losses included) and the sweep's record, byte for byte
     assert runs == study_store.run_count(str(STORE)) == 6
     assert stored(dest / study_store.STORE_FILE) == stored(STORE)
@@ -101,18 +103,18 @@ def test_publishing_copies_the_record_files_and_the_report_they_regenerate(sweep
     assert not [p.name for p in dest.parent.iterdir() if p.name.startswith(".")]  # no staging
 
     claims = (dest / "claims.md").read_text()
-    assert publish.quote(claims, "experiments/results/headline/claims.md") in (
+    assert publish.quote(claims, f"experiments/results/{STUDY}/claims.md") in (
         dest / "README.md").read_text()
     # the index and the claims table generated from the published claims.md (was 5 runs)
     assert claims_table.stale(repository) == []
     index = (repository / "README.md").read_text()
-    assert INDEX_ROW not in index and f"| Headline (main job) | {runs} | **supported**" in index
+    assert INDEX_ROW not in index and f"| {TITLE} | {runs} | **supported**" in index
     assert sorted(changed) == sorted([str(dest / "README.md"), str(repository / "README.md")])
 
 
 @pytest.mark.parametrize("case", ["no_sweep_record", "nothing_finished", "dest_inside_source"])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, sweep, capsys, case):
-    dest = tmp_path / "results" / "headline"
+    dest = tmp_path / "results" / STUDY
     dest.parent.mkdir()
     if case == "no_sweep_record":
         (sweep / "sweep.json").unlink()
@@ -130,7 +132,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, sweep, capsys
 
 
 def test_a_stash_is_the_finished_runs_record_files_and_nothing_else(tmp_path, sweep):
-    dest = tmp_path / "pending" / "headline"
+    dest = tmp_path / "pending" / STUDY
     dest.parent.mkdir()
     dest.mkdir()
     (dest / study_store.STORE_FILE).write_bytes(b"an earlier stash's")  # replaced
@@ -149,7 +151,7 @@ def test_a_sweep_seeded_from_a_stash_trains_nothing(tmp_path, sweep):
     study_store.write_run_dirs(stashed, str(sweep_dir))
     before = snapshot(sweep_dir)
     done = subprocess.run(
-        [sys.executable, "-m", "scale_ablation.sweep", f"--config={REPO}/experiments/headline.py",
+        [sys.executable, "-m", "scale_ablation.sweep", f"--config={REPO}/experiments/{STUDY}.py",
          f"--workdir={sweep_dir}"], capture_output=True, text=True, cwd=REPO,
         env={**os.environ, "WANDB_MODE": "disabled"}, check=True).stdout
     runs = study_store.run_count(str(STORE))

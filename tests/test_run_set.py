@@ -131,11 +131,11 @@ def test_a_run_directory_is_no_sweep(complete, tmp_path):
 
 @pytest.mark.parametrize("kept_as", ["store", "run folders"])
 def test_a_published_study_missing_a_run_says_so(tmp_path, monkeypatch, kept_as):
-    """The headline study's store with one run taken out, as a store and extracted to run
+    """The scale_one_fan_in study's store with one run taken out, as a store and extracted to run
     folders: 5 of 6 runs, said at the head of claims.md and in each claim's arms."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.chdir(REPO)  # sweep.json names its experiment file from the repository
-    study = study_store.read_store(str(RESULTS / "headline" / study_store.STORE_FILE))
+    study = study_store.read_store(str(RESULTS / "scale_one_fan_in" / study_store.STORE_FILE))
     total = len(study.runs)
     victim = study.runs.pop(0).name
     target = tmp_path / "headline"

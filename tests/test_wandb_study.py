@@ -12,7 +12,7 @@ from helpers import REPO, snapshot
 from scale_ablation import wandb_study
 from scale_ablation.records import study_store, wandb_offline
 
-HEADLINE = REPO / "experiments" / "results" / "headline"
+HEADLINE = REPO / "experiments" / "results" / "scale_one_fan_in"
 
 
 def same_value(a, b) -> bool:
@@ -44,7 +44,7 @@ def test_a_published_study_reads_back_from_w_and_b_as_its_store(tmp_path, monkey
             if value is not None and key != "wandb_run_id":
                 assert same_value(summary[key], value), key
         seen = wandb_offline.read_run(folder)
-        assert (seen["name"], seen["group"], seen["job_type"]) == (run.name, "headline",
+        assert (seen["name"], seen["group"], seen["job_type"]) == (run.name, "scale_one_fan_in",
                                                                    "published")
         assert f"policy={run.config['policy']}" in seen["tags"]
         assert f"d_k={run.config['model']['head_dim']}" in seen["tags"]

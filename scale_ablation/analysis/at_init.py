@@ -10,9 +10,11 @@ there (`initial_entropy_normalised`: the lowest layer's mean normalised attentio
 
 **The rule.** An arm (a policy, or a relabelled arm, at one d_k) *starts collapsed* when the
 median over its finished runs of the normalised entropy at step 0 is below COLLAPSED_ENTROPY or
-of the logit std at step 0 is LARGE_LOGIT_STD or more. A claim one of whose compared arms starts
-collapsed is **decided at init**: its verdict stands (the runs still say what happened), and the
-verdict line says "decided at init" beside it, naming the arms. Runs recorded before step 0's
+of the logit std at step 0 is LARGE_LOGIT_STD or more. A claim whose reference arm, or every
+other arm, starts collapsed is **decided at init**; one where some of its arms do is **partly
+decided at init** (its comparisons of the healthy arms are not). The verdict stands either way
+(the runs still say what happened); the verdict line says which beside it, and a line names the
+collapsed arms. The claims table and the README's index flag only the whole kind. Runs recorded before step 0's
 diagnostics were summarised have neither field: their arms are not judged (a claim with none
 says nothing about step 0; one with some says how many runs were left out).
 Rules that judge a curve over the whole grid (the exponent, transfer, bands) are not arm
@@ -32,6 +34,7 @@ from scale_ablation.analysis.claims import Compare, Counts, Diverges, Unstable, 
 COLLAPSED_ENTROPY = 0.2  # normalised: 1 is uniform attention, 0 one-hot
 LARGE_LOGIT_STD = 8.0  # e^8 ≈ 3000: one key outweighs the rest of a 64-key row from the start
 DECIDED_AT_INIT = "decided at init"
+PARTLY = "partly decided at init"
 ENTROPY, LOGIT_STD = "initial_entropy_normalised", "initial_logit_std"
 _ARM_RULES = (Compare, Unstable, Diverges, Counts)
 
@@ -41,6 +44,7 @@ class ArmAtInit:
     """An arm's attention at step 0: medians over its runs."""
 
     name: str
+    policy: str
     entropy: float
     logit_std: float
     runs: int
@@ -56,16 +60,17 @@ class ArmAtInit:
 
 def arms_at_init(rows: Sequence[dict]) -> tuple[list[ArmAtInit], int]:
     """Each arm of `rows` with its step-0 medians, and how many rows had no step-0 fields."""
-    found: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    found: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     missing = 0
     for r in rows:
         if r.get(ENTROPY) is None or r.get(LOGIT_STD) is None:
             missing += 1
             continue
-        found[f"{cmp.variant(r)} d_k={r['d_k']}"].append((r[ENTROPY], r[LOGIT_STD]))
-    arms = [ArmAtInit(name, statistics.median(e for e, _ in values),
+        found[(f"{cmp.variant(r)} d_k={r['d_k']}", r["policy"])].append((r[ENTROPY],
+                                                                           r[LOGIT_STD]))
+    arms = [ArmAtInit(name, policy, statistics.median(e for e, _ in values),
                       statistics.median(s for _, s in values), len(values))
-            for name, values in sorted(found.items())]
+            for (name, policy), values in sorted(found.items())]
     return arms, missing
 
 
@@ -88,7 +93,11 @@ def annotate(verdict: Verdict, rule: object, rows: Sequence[dict]) -> Verdict:
         line = (f"at step 0 no arm starts collapsed (normalised entropy ≥ {COLLAPSED_ENTROPY} "
                 f"and logit std < {LARGE_LOGIT_STD:g}): {extremes}{unknown}")
         return dataclasses.replace(verdict, numbers=(*verdict.numbers, line))
-    line = (f"{DECIDED_AT_INIT}: {len(collapsed)} of {len(arms)} arms collapsed at step 0 "
+    reference = getattr(rule, "reference", None)  # `Unstable` has none: every arm is compared
+    others = [a for a in arms if a.policy != reference]
+    whole = any(a.policy == reference for a in collapsed) or all(a.collapsed for a in others)
+    mark = DECIDED_AT_INIT if whole else PARTLY
+    line = (f"{mark}: {len(collapsed)} of {len(arms)} arms collapsed at step 0 "
             f"(normalised entropy < {COLLAPSED_ENTROPY} or logit std ≥ {LARGE_LOGIT_STD:g}): "
             + "; ".join(a.text() for a in collapsed) + unknown)
-    return dataclasses.replace(verdict, numbers=(*verdict.numbers, line), at_init=True)
+    return dataclasses.replace(verdict, numbers=(*verdict.numbers, line), at_init=mark)

@@ -189,7 +189,7 @@ class Verdict:
     verdict: str  # supported | contradicted | inconclusive | not exercised
     reason: str
     numbers: tuple[str, ...]
-    at_init: bool = False  # an arm compared starts collapsed (`at_init`): decided at init
+    at_init: str = ""  # "", or (partly) decided at init: an arm compared starts collapsed
 
 
 # --------------------------------------------------------------------------- bands and arms

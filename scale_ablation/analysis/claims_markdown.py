@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scale_ablation.analysis import at_init, verdicts
+from scale_ablation.analysis import verdicts
 from scale_ablation.analysis.claims import Claim
 from scale_ablation.records import jsonfiles, study_store
 
@@ -44,7 +44,7 @@ def write_claims(declared: Sequence[Claim], spec: str, sweep_dir: str, rows: lis
         lines += ["**This sweep cannot support a verdict:** " + "; ".join(caveats) + ".", ""]
     for i, (claim, verdict) in enumerate(zip(declared, verdicts.judge_family(declared, rows),
                                              strict=True), 1):
-        marks = [*caveats, *((at_init.DECIDED_AT_INIT,) if verdict.at_init else ())]
+        marks = [*caveats, *((verdict.at_init,) if verdict.at_init else ())]
         head = f"Verdict ({'; '.join(marks)})" if marks else "Verdict"
         lines += [f"## {i}. {claim.text}" + (f" ({claim.source})" if claim.source else ""), "",
                   f"Rule: {claim.rule.describe()}.", "",

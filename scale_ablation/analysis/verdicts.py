@@ -193,7 +193,7 @@ class _Comparison:
             if d in which)
         if against := named(OPPOSITE[self.rule.expect]):
             # A verdict resting on some cells of several says which, and what the rest say.
-            k = sum(d == OPPOSITE[self.rule.expect] for d in decisions)
+            k = sum(d in OPPOSITE[self.rule.expect] for d in decisions)
             agree = named({expected})
             rest = f"; as claimed in {sum(d == expected for d in decisions)}: {agree}" if (
                 agree) else "; none as claimed"
