@@ -59,14 +59,15 @@ class ArmAtInit:
 
 
 def arms_at_init(rows: Sequence[dict]) -> tuple[list[ArmAtInit], int]:
-    """Each arm of `rows` with its step-0 medians, and how many rows had no step-0 fields."""
+    """Each arm of `rows` (a setting at one d_k, its LRs together: an LR acts only after step 0)
+    with its step-0 medians, and how many rows had no step-0 fields."""
     found: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     missing = 0
     for r in rows:
         if r.get(ENTROPY) is None or r.get(LOGIT_STD) is None:
             missing += 1
             continue
-        found[(f"{cmp.variant(r)} d_k={r['d_k']}", r["policy"])].append((r[ENTROPY],
+        found[(f"{cmp.setting(r)} d_k={r['d_k']}", r["policy"])].append((r[ENTROPY],
                                                                            r[LOGIT_STD]))
     arms = [ArmAtInit(name, policy, statistics.median(e for e, _ in values),
                       statistics.median(s for _, s in values), len(values))
