@@ -31,6 +31,10 @@ declare -A COMMAND=(
   [dk_sweep_cpu]="--config=experiments/dk_sweep.py:cpu --refine"
   # One round: a ×2 grid brackets each best at ×1.41 after it (issue 54's §1 list).
   [explode_or_oscillate_cpu]="--config=experiments/explode_or_oscillate.py:cpu --refine --refine_rounds=1"
+  # No --refine: its claims count divergences at fixed LRs (as precision_cpu's).
+  [precision_dk_cpu]="--config=experiments/precision_dk.py:cpu"
+  # One round, as stability_cpu, whose grid it carries to the large end.
+  [stability_dropout_cpu]="--config=experiments/stability_dropout.py:cpu --refine --refine_rounds=1"
   [mqar_cpu]="--config=experiments/mqar.py:cpu --refine --refine_rounds=1"
   [lr_sensitivity_cpu]="--config=experiments/lr_sensitivity.py:cpu --refine"
   [learned_scale_cpu]="--config=experiments/learned_scale.py:cpu --refine"
@@ -44,8 +48,9 @@ declare -A COMMAND=(
   [norm_placement_cpu]="--config=experiments/norm_placement.py:cpu --refine --refine_rounds=1"
   [length_generalization_cpu]="--config=experiments/length_generalization.py:cpu --refine --refine_rounds=1"
 )
-ORDER=(dk_exponent_cpu dk_sweep_cpu explode_or_oscillate_cpu mqar_cpu lr_sensitivity_cpu learned_scale_cpu precision_cpu
-       stability_cpu init_gain_cpu norm_placement_cpu length_generalization_cpu)
+ORDER=(dk_exponent_cpu dk_sweep_cpu explode_or_oscillate_cpu precision_dk_cpu stability_dropout_cpu mqar_cpu
+       lr_sensitivity_cpu learned_scale_cpu precision_cpu stability_cpu init_gain_cpu norm_placement_cpu
+       length_generalization_cpu)
 POLL_SECONDS=${POLL_SECONDS:-60}
 
 die() { echo "cpu_studies.sh: $*" >&2; exit 2; }

@@ -27,7 +27,8 @@ EXPERIMENT_FILES = sorted(p for p in (REPO / "experiments").glob("*.py") if p.na
 VARIANTS = (None, "quick")
 CPU_STUDIES = ("base", "dk_sweep", "lr_sensitivity", "length_generalization", "init_gain",
                "norm_placement", "stability", "learned_scale", "precision", "mqar",
-               "dk_exponent")  # 2 cores
+               "dk_exponent", "explode_or_oscillate", "precision_dk",
+               "stability_dropout")  # 2 cores
 
 # The article's alternatives against 1/√d_k: the default's policies (issue 31) and the quick
 # smoke test's (issue 56), written out here rather than imported.
