@@ -82,10 +82,20 @@ def test_one_collapsed_arm_of_several_marks_it_partly():
                                 "initial_logit_std": 1.0} for r in rows(0.9, 1.0)]
     found = verdicts.judge(WORSE, data)
     assert found.at_init == "partly decided at init"
-    assert any(n.startswith("partly decided at init: 1 of 4 arms") for n in found.numbers)
+    assert any(n.startswith("partly decided at init: in 1 of 2 comparisons one side starts "
+                            "collapsed") for n in found.numbers)
     reference_collapsed = [{**r, "initial_entropy_normalised": 0.1} if r["policy"] ==
                            "inv_sqrt_dk" and r["d_k"] == 16 else r for r in data]
     assert verdicts.judge(WORSE, reference_collapsed).at_init == "decided at init"
+
+
+def test_arms_that_start_collapsed_alike_decide_nothing():
+    """The reference collapsed as much as the arm (float16 against float32 logits, both under
+    scale 1): the comparison is not separated at init, and the line says how many start alike."""
+    found = verdicts.judge(WORSE, rows(0.16, 11.4, ref=(0.15, 11.0)))
+    assert not found.at_init
+    assert any(n.startswith("no collapse at step 0 separates the arms compared (2 of 2 arms "
+                            "start collapsed alike)") for n in found.numbers)
 
 
 def test_curve_rules_are_not_arm_comparisons():
