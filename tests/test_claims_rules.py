@@ -402,3 +402,17 @@ def test_a_contradiction_resting_on_some_cells_says_how_many_and_what_the_rest_s
     assert found.reason.startswith("decided against the claim in 1 of 3 comparisons: none "
                                    "d_k=64: better; as claimed in 2: none d_k=16: worse; none "
                                    "d_k=32: worse"), found.reason
+
+
+def test_no_divergence_in_a_sweep_that_cannot_support_a_verdict_is_inconclusive():
+    """`Diverges("more")` with no run diverged: contradicted with three seeds, inconclusive with
+    one (a smoke run's count, as every other rule treats a caveated sweep)."""
+    def rows(seeds):
+        return [{"policy": policy, "d_k": 32, "lr": lr, "seed": seed, "status": "completed",
+                 "final_val_bpb": 2.0 + 0.01 * seed, "spike_step": None, "collapse_step": None,
+                 "override:policy": policy, "override:train.lr": lr, "override:train.seed": seed}
+                for policy in ("none", "inv_sqrt_dk") for lr in (1e-3, 1e-2) for seed in seeds]
+    claim = c.Claim("scale 1 diverges more", c.Diverges("more", ("none",), "inv_sqrt_dk"))
+    assert verdicts.judge(claim, rows(range(3))).verdict == "contradicted"
+    found = verdicts.judge(claim, rows((0,)))
+    assert found.verdict == "inconclusive" and "cannot support a verdict" in found.reason

@@ -148,8 +148,12 @@ class Divergences(FisherCounts):
         if any(d == OPPOSITE_COUNT[expect] for d in decisions):
             return Verdict("contradicted", "decided against the claim at some LR", numbers)
         if expect == "more" and not any(count[0] for *_, count, _ in self.entries):
-            return Verdict("contradicted", f"no run of {', '.join(self.rule.policies)} "
-                           "diverged", numbers)
+            # "None diverged" from a sweep that cannot support a verdict (one seed, nothing
+            # learned) is a smoke run's count, not a finding against the claim.
+            return Verdict("inconclusive" if caveats else "contradicted",
+                           f"no run of {', '.join(self.rule.policies)} diverged"
+                           + (" (this sweep cannot support a verdict: see the caveats)"
+                              if caveats else ""), numbers)
         if expect == "fewer" and not self.reference_diverged:
             return Verdict("inconclusive", f"no run of {self.rule.reference} diverged: "
                            "nothing to cure", numbers)

@@ -88,15 +88,19 @@ EQUIVALENT = "equivalent"
 def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
     """What this sweep's design cannot support, computed from its rows (empty: nothing). One LR
     per setting is no limit for claims that compare each policy at an LR located before
-    (`Compare(at="own_lr")`), when every declared comparison is such a claim."""
+    (`Compare(at="own_lr")`) or count divergences per LR (`Diverges`), when every declared claim
+    is such a claim."""
     out = []
     seeds: dict = defaultdict(set)
     for r in rows:
         seeds[(cmp.variant(r), r["d_k"])].add(r["seed"])
     if seeds and max(len(s) for s in seeds.values()) < 2:
         out.append("one seed per setting: no confidence interval and no test can be formed")
+    # Claims that need no LR grid: comparisons at LRs located before, and counts per LR.
     located = declared and all((isinstance(c.rule, Compare) and c.rule.at == "own_lr")
-                               or isinstance(c.rule, Unstable) for c in declared)
+                               or isinstance(c.rule, (Unstable, Diverges))
+                               or isinstance(getattr(c.rule, "rule", None), Diverges)
+                               for c in declared)
     if rows and not cmp.has_lr_grid(rows) and not located:
         out.append("one learning rate per setting: no policy is compared at its own best LR")
     bigram = [r["baseline_bigram_bpb"] for r in rows if r.get("baseline_bigram_bpb") is not None]
