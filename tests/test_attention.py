@@ -197,6 +197,28 @@ def test_attention_dropout():
     np.testing.assert_array_equal(run(0.5, key_a, "fused"), dropped)
 
 
+def test_attention_dropout_against_numpy():
+    """Inverted dropout on the softmax weights, written in NumPy (float64): weights × keep /
+    (1 − rate) then × v, with the keep mask drawn as the module draws it (one Bernoulli per
+    (batch, head, query, key), jax.random.bernoulli with the run's key). Not on the logits,
+    not renormalised, not on v."""
+    q, k, v = random_qkv(4)
+    rate, key = 0.3, jax.random.key(7)
+    out = attention.attend(q, k, v, policy=policies.get("inv_sqrt_dk"), dropout_rate=rate,
+                           dropout_key=key)
+    q64, k64, v64 = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    logits = np.einsum("bqhd,bkhd->bhqk", q64, k64) / math.sqrt(HEAD_DIM)
+    visible = np.tril(np.ones((SEQ, SEQ), dtype=bool))
+    logits = np.where(visible, logits, -np.inf)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    keep = np.asarray(jax.random.bernoulli(key, 1.0 - rate, weights.shape))
+    expected = np.einsum("bhqk,bkhd->bqhd", weights * keep / (1.0 - rate), v64)
+    np.testing.assert_allclose(np.asarray(out, dtype=np.float64), expected, rtol=1e-5,
+                               atol=1e-5)
+    assert 0.2 < 1 - keep.mean() < 0.4  # the mask drops about `rate` of the weights
+
+
 def test_attention_dropout_is_unbiased():
     """Inverted dropout keeps the expected output: the mean over many keys is the plain output."""
     q, k, v = random_qkv(4)
