@@ -84,6 +84,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     model.base_d_model = 0
     model.base_head_dim = 0
     model.readout_zero_init = False  # mup: an untied readout initialised at zero
+    # CompleteP (model/depth.py): residual branches × (L/L_base)^-α, α in [0.5, 1]; 0 = off.
+    model.depth_alpha = 0.0
+    model.base_num_layers = 1  # L_base, the depth the multipliers are relative to
 
     config.data = data = ml_collections.ConfigDict()
     data.source = "shakespeare"  # shakespeare | text:PATH_OR_GLOB | mqar | hf:NAME[:CONFIG]

@@ -105,7 +105,8 @@ def invalid_values(field: schema.Field, config: dict) -> st.SearchStrategy:
         options.append(st.text(max_size=8).filter(lambda v: v not in field.choices))
     if field.nonempty:
         options.append(st.sampled_from(["", "  "]))
-    return st.one_of(options)
+    # A value that means off is allowed beside the range (model.depth_alpha's None and 0).
+    return st.one_of(options).filter(lambda v: isinstance(v, bool) or v not in field.off)
 
 
 # Free-form strings whose valid values are known elsewhere (a policy that exists, a source that

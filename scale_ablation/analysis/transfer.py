@@ -27,7 +27,7 @@ from scale_ablation.analysis.claims import Verdict
 WIDTH = "override:model.d_model"
 # The axes a transfer is judged along: the run-row column of each, and its name in the text.
 AXES = {WIDTH: "width", "override:model.head_dim": "head dim",
-        "override:model.qk_dim": "q/k width"}
+        "override:model.qk_dim": "q/k width", "override:model.num_layers": "depth"}
 PARAMETRIZATION = "override:model.parametrization"
 
 

@@ -35,7 +35,8 @@ STYLES = {"sp": ("-", "o"), "mup": ("--", "s")}  # line style and marker per par
 # The x-axis label and the figures' file names per transfer axis.
 LABELS = {transfer.WIDTH: ("width (d_model)", "width"),
           "override:model.head_dim": ("head dim (q, k, v per head)", "head_dim"),
-          "override:model.qk_dim": ("q/k width per head", "qk_dim")}
+          "override:model.qk_dim": ("q/k width per head", "qk_dim"),
+          "override:model.num_layers": ("depth (layers)", "num_layers")}
 
 
 def axis_of(rows: list[dict]) -> str | None:

@@ -2,7 +2,8 @@
 
 Under `model.parametrization=mup` the token embedding's std, the readout's multiplier and the
 init of other output weights follow μP's rules (`scale_ablation.model.parametrization`); under
-`sp` none is touched.
+`sp` none is touched. Under `model.depth_alpha` (CompleteP, `scale_ablation.model.depth`) each
+residual branch is multiplied by (L/L_base)^-α before it joins the stream; off, nothing is.
 `LanguageModel.coordinates` gives the mean |activation| of each family a coordinate check
 follows (`scale_ablation.training.coordinates`).
 
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scale_ablation.model import parametrization, policies
+from scale_ablation.model import depth, parametrization, policies
 from scale_ablation.model.attention import SelfAttention
 from scale_ablation.model.initializers import gpt2_normal, kernel_init
 from scale_ablation.model.policies import ScalePolicy
@@ -60,6 +61,8 @@ class Block(nnx.Module):
         d_model, dtype, stream = model.d_model, model.compute_dtype, model.stream_dtype
         self.post_norm = model.norm_position == "post"
         self.compute_dtype = dtype  # each sublayer's input is cast to it (the module docstring)
+        # CompleteP's m_L^-α on both branches (static; 1 when model.depth_alpha is off).
+        self.residual_multiplier = depth.residual_multiplier(model)
         self.attention_norm = make_norm(model.norm, d_model, stream, rngs)
         # The layer's index: a policy's number may depend on it (`inv_layer`).
         self.attention = SelfAttention(model, policy, rngs=rngs, layer=layer)
@@ -104,10 +107,17 @@ class Block(nnx.Module):
             record("attn_output", attended), record("mlp_output", mlp_out)
             return self.mlp_norm(x + mlp_out), stats
         attended, stats = attention(self.attention_norm(x))
-        x = x + attended
+        x = x + self.branch(attended)
         mlp_out = mlp(self.mlp_norm(x))
+        # The branches' own outputs, before CompleteP's multiplier (nanoGPT-mup's hooks on the
+        # attention and MLP modules record the same).
         record("attn_output", attended), record("mlp_output", mlp_out)
-        return x + mlp_out, stats
+        return x + self.branch(mlp_out), stats
+
+    def branch(self, out: jax.Array) -> jax.Array:
+        """A residual branch as it joins the stream: × m_L^-α under CompleteP (pre-norm only,
+        `depth.check`), untouched otherwise."""
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class LanguageModel(nnx.Module):

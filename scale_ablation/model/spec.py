@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from scale_ablation.errors import ConfigError
-from scale_ablation.model import parametrization, policies
+from scale_ablation.model import depth, parametrization, policies
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 INITS = ("fan_in", "xavier", "gpt2")  # model.init: see initializers.kernel_init
@@ -62,6 +62,10 @@ class ModelConfig:
     base_d_model: int = 0
     base_head_dim: int = 0
     readout_zero_init: bool = False
+    # CompleteP (model/depth.py): α of the residual branches' (L/L_base)^-α, 0 or None = off,
+    # and the base depth L_base it is relative to.
+    depth_alpha: float | None = 0.0
+    base_num_layers: int = 1
 
     def check(self) -> None:
         if min(self.head_dim, self.num_heads, self.d_model, self.num_layers) <= 0:
@@ -85,8 +89,9 @@ class ModelConfig:
         choice("model.init", self.init, INITS)
         choice("model.attention_impl", self.attention_impl,
                ("reference", "fused", "blocked", "auto"))
-        if (problem := parametrization.check(self)) is not None:
-            raise ConfigError(problem)
+        for problem in (parametrization.check(self), depth.check(self)):
+            if problem is not None:
+                raise ConfigError(problem)
         if len(self.layer_policies) != self.num_layers:
             raise ConfigError(f"{len(self.layer_policies)} layer policies for "
                               f"model.num_layers={self.num_layers}")

@@ -9,9 +9,13 @@ Rules, stated once:
   width), with its head dim by the same ratio. `head_dim` sets the head dim of q, k and v
   together (`model.qk_dim` 0) at the config's d_model and heads; `qk_dim` sets q/k's alone, the
   value width the config's. Along either, μP's base is the smallest size and d_model its own
-  (head-dim μP: `model.parametrization`).
-- An arm is `PARAMETRIZATION[:POLICY]`. Without a policy, under μP the attention scale is μP's
-  own `mup_inv_dk:<base d_k>` unless told to keep the config's policy, and under SP the config's.
+  (head-dim μP: `model.parametrization`). `num_layers` sets the depth at the config's d_model and
+  head dim; its base (`model.base_num_layers`, CompleteP's L_base) is the smallest depth, μP's base
+  width the config's d_model (μP's width multipliers are all 1 along it).
+- An arm is `PARAMETRIZATION[@ALPHA][:POLICY]`: `@ALPHA` sets `model.depth_alpha` (CompleteP,
+  model/depth.py; `sp@1` is CompleteP at a fixed width, where μP is SP), without it the config's.
+  Without a policy, under μP the attention scale is μP's own `mup_inv_dk:<base d_k>` unless told
+  to keep the config's policy, and under SP the config's.
 - The learning rate is constant (no warmup; the schedule's cosine stretched over 10⁶ steps),
   as in mup's check. The value "at step t" is the forward pass on step t's batch before its
   update: step 1 is the initialisation.
@@ -46,13 +50,20 @@ CONSTANT_LR_STEPS = 10**6  # the cosine's length: its value after 10 steps is 1 
 CoordData = dict[str, dict[str, dict[str, list[float]]]]  # arm -> size -> quantity -> steps
 
 
-AXES = ("width", "head_dim", "qk_dim")
+AXES = ("width", "head_dim", "qk_dim", "num_layers")
 
 
-def split_arm(arm: str) -> tuple[str, str | None]:
-    """"mup:inv_sqrt_dk" -> ("mup", "inv_sqrt_dk"); "sp" -> ("sp", None)."""
-    parametrization, _, policy = arm.partition(":")
-    return parametrization, policy or None
+def split_arm(arm: str) -> tuple[str, str | None, float | None]:
+    """"mup:inv_sqrt_dk" -> ("mup", "inv_sqrt_dk", None); "sp@0.5" -> ("sp", None, 0.5); a bad
+    α: ConfigError."""
+    head, _, policy = arm.partition(":")
+    parametrization, at, alpha = head.partition("@")
+    if not at:
+        return parametrization, policy or None, None
+    try:
+        return parametrization, policy or None, float(alpha)
+    except ValueError:
+        raise ConfigError(f"arm {arm!r}: @{alpha} must be a number (model.depth_alpha)") from None
 
 
 def _axis_overrides(config: ml_collections.ConfigDict, axis: str, size: int,
@@ -68,6 +79,9 @@ def _axis_overrides(config: ml_collections.ConfigDict, axis: str, size: int,
         return {"model.d_model": size, "model.head_dim": size * m.head_dim // m.d_model,
                 "model.base_d_model": base, "model.base_head_dim": base_head_dim}, base_head_dim
     fixed = {"model.base_d_model": m.d_model}
+    if axis == "num_layers":
+        return {**fixed, "model.num_layers": size, "model.base_num_layers": base}, (
+            m.qk_dim or m.head_dim)
     if axis == "head_dim":
         return {**fixed, "model.head_dim": size, "model.qk_dim": 0,
                 "model.base_head_dim": base}, base
@@ -81,9 +95,11 @@ def axis_config(config: ml_collections.ConfigDict, axis: str, size: int, arm: st
     if axis not in AXES:
         raise ConfigError(f"--axis must be one of {', '.join(AXES)}, got {axis!r}")
     overrides, base_dk = _axis_overrides(config, axis, size, base)
-    parametrization, policy = split_arm(arm)
+    parametrization, policy, alpha = split_arm(arm)
     overrides |= {"model.parametrization": parametrization, "train.warmup_steps": 0,
                   "train.steps": CONSTANT_LR_STEPS}
+    if alpha is not None:
+        overrides["model.depth_alpha"] = alpha
     if policy is None and parametrization == "mup" and mup_attention:
         policy = f"mup_inv_dk:{base_dk}"
     if policy is not None:
@@ -106,10 +122,12 @@ def _programs(config: ml_collections.ConfigDict):
     return train_step, coordinates
 
 
-def run_seed(config: ml_collections.ConfigDict, num_steps: int, seed: int) -> dict[str, list]:
-    """quantity -> [mean |x| at step 1, ..., step num_steps] of one seed."""
+def run_seed(config: ml_collections.ConfigDict, num_steps: int, seed: int,
+             programs=None) -> dict[str, list]:
+    """quantity -> [mean |x| at step 1, ..., step num_steps] of one seed; `programs`: those of
+    `_programs(config)`, which do not depend on the seed (built here when None)."""
     config = apply_overrides(config, {"train.seed": seed})
-    train_step, coordinates = _programs(config)
+    train_step, coordinates = programs or _programs(config)
     _, state = run_setup.init_state(config)
     source = data_lib.make_source(config.data, seed=seed)
     found: dict[str, list] = {q: [] for q in QUANTITIES}
@@ -130,7 +148,8 @@ def coord_data(configs: dict[str, dict[int, ml_collections.ConfigDict]], num_ste
     for name, by_width in configs.items():
         out[name] = {}
         for width, config in by_width.items():
-            runs_ = [run_seed(config, num_steps, seed) for seed in range(seeds)]
+            programs = _programs(config)  # compiled once for every seed
+            runs_ = [run_seed(config, num_steps, seed, programs) for seed in range(seeds)]
             out[name][str(width)] = {q: np.mean([r[q] for r in runs_], axis=0).tolist()
                                      for q in QUANTITIES}
     return out

@@ -12,6 +12,10 @@ package's `MuAdamW` divides such a group's lr by the width multiplier and multip
 weight_decay by it, which leaves the decoupled decay lr·wd·p as it was. Under `sp` there is no
 such step at all: the optimiser (and its state) is the one it always was.
 
+Under `model.depth_alpha` (CompleteP, `scale_ablation.model.depth`) every parameter inside a
+residual block takes AdamW's whole update (Adam's step and the decay) × m_L^(α-1), after the decay,
+and Adam's ε × m_N^-1 · m_L^-α (a second Adam over those parameters). Off, neither part exists.
+
 Under a dynamic loss scale (`training.loss_scaling`) the whole chain sits inside the scale's
 state, which skips a step with non-finite gradients; static or no scaling changes nothing here.
 """
@@ -27,7 +31,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from scale_ablation.model import base_shapes
+from scale_ablation.model import base_shapes, depth
 from scale_ablation.model.spec import ModelConfig
 from scale_ablation.training import run_config
 from scale_ablation.training.loss_scaling import NONE as NO_LOSS_SCALING
@@ -47,6 +51,9 @@ class OptimizerSettings:
     param_lr_multipliers: tuple[tuple[str, float], ...] = ()
     # train.loss_scale, train.loss_scale_period: a dynamic scale's state wraps the optimiser's.
     loss_scaling: LossScaling = NO_LOSS_SCALING
+    # CompleteP: the residual blocks' AdamW update multiplier and Adam ε multiplier.
+    depth_lr_multiplier: float = 1.0
+    depth_eps_multiplier: float = 1.0
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict,
@@ -55,14 +62,17 @@ class OptimizerSettings:
         multipliers need it)."""
         t = config.train
         # Configs written before the field existed train as they did: multiplier 1.
-        multipliers = ()
-        if config.model.get("parametrization", "sp") != "sp":
+        multipliers, lr_depth, eps_depth = (), 1.0, 1.0
+        if config.model.get("parametrization", "sp") != "sp" or config.model.get("depth_alpha"):
             model = run_config.model_config(config) if model is None else model
             multipliers = base_shapes.lr_multipliers(model)
+            lr_depth, eps_depth = depth.lr_multiplier(model), depth.eps_multiplier(model)
         return cls(t.steps, t.warmup_steps, float(t.grad_clip), float(t.weight_decay),
-                   float(t.get("scale_lr_multiplier", 1.0)), multipliers, LossScaling.of(t))
+                   float(t.get("scale_lr_multiplier", 1.0)), multipliers, LossScaling.of(t),
+                   lr_depth, eps_depth)
 
 
+ADAM_EPS = 1e-8  # Adam's ε (CompleteP's ε_base)
 # The NNX attribute that holds a layer's scale-policy parameters (attention.SelfAttention).
 POLICY_PARAMS = "policy_params"
 
@@ -72,6 +82,27 @@ def scale_policy_mask(params):
     def is_policy(path, _leaf) -> bool:
         return any(getattr(key, "key", None) == POLICY_PARAMS for key in path)
     return jax.tree_util.tree_map_with_path(is_policy, params)
+
+
+def block_mask(params):
+    """A pytree of bools like `params`: True on the leaves inside a residual block."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _leaf: depth.in_block(jax.tree_util.keystr(path)), params)
+
+
+def block_labels(params):
+    """'block' on the leaves inside a residual block, 'other' elsewhere (optax's labels)."""
+    return jax.tree.map(lambda inside: "block" if inside else "other", block_mask(params))
+
+
+def scale_by_adam(settings: OptimizerSettings) -> optax.GradientTransformation:
+    """Adam's step, ε = ADAM_EPS; under CompleteP the residual blocks' with ε ×
+    `depth_eps_multiplier`, as a second Adam over those parameters."""
+    plain = optax.scale_by_adam(b1=0.9, b2=0.95, eps=ADAM_EPS)
+    if settings.depth_eps_multiplier == 1.0:
+        return plain
+    blocks = optax.scale_by_adam(b1=0.9, b2=0.95, eps=ADAM_EPS * settings.depth_eps_multiplier)
+    return optax.multi_transform({"block": blocks, "other": plain}, block_labels)
 
 
 def scale_by_path(multipliers: tuple[tuple[str, float], ...]) -> optax.GradientTransformation:
@@ -121,10 +152,12 @@ def make_optimizer(
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     schedule = lr_multiplier(settings)
     parts = [
-        optax.scale_by_adam(b1=0.9, b2=0.95, eps=1e-8),
+        scale_by_adam(settings),
         optax.add_decayed_weights(settings.weight_decay, mask=decay_mask),
         optax.scale_by_schedule(lambda count: -schedule(count)),
     ]
+    if settings.depth_lr_multiplier != 1.0:  # CompleteP: the whole AdamW update, decay included
+        parts.insert(2, optax.masked(optax.scale(settings.depth_lr_multiplier), block_mask))
     if settings.scale_lr_multiplier != 1.0:
         # After the decay, so the multiplier is the policy parameters' whole learning rate (a
         # decayed one's decay included; today's are all 1-D, so none is decayed). Added only

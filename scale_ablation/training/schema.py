@@ -45,6 +45,7 @@ class Field:
     optional: bool = False
     power_of_two: bool = False
     nonempty: bool = False
+    off: tuple[Any, ...] = ()  # values allowed beside the range, each meaning "off"
 
     def bounds(self, config: Mapping[str, Any]) -> tuple[float | None, float | None]:
         """(low, high) with field references resolved against `config` (a nested dict)."""
@@ -52,6 +53,9 @@ class Field:
 
     def allowed(self, config: Mapping[str, Any]) -> str:
         """The allowed values, in words: 'an integer in 1..train.steps=60'."""
+        if self.off:
+            values = " or ".join(str(v) for v in self.off)
+            return f"{dataclasses.replace(self, off=()).allowed(config)}, or {values} (off)"
         if self.choices:
             return f"one of {', '.join(self.choices)}"
         noun = {"int": "an integer", "float": "a finite number", "str": "a string",
@@ -125,6 +129,10 @@ FIELDS: tuple[Field, ...] = (
     _f("model.base_d_model", "int", "μP's base width (0: the model's own d_model)", low=0),
     _f("model.base_head_dim", "int", "μP's base head dim (0: the model's own head_dim)", low=0),
     _f("model.readout_zero_init", "bool", "an untied readout initialised at zero (μP's option)"),
+    _f("model.depth_alpha", "float", "CompleteP's α (model/depth.py): residual branches × "
+       "(num_layers/base_num_layers)^-α, the blocks' LR × that ratio^(α-1), their Adam ε × "
+       "ratio^-α", low=0.5, high=1, off=(None, 0)),
+    _f("model.base_num_layers", "int", "CompleteP's base depth L_base", low=1),
     # data
     _f("data.source", "str", "training bytes: shakespeare | text:PATH | mqar | hf:NAME",
        nonempty=True),
@@ -226,7 +234,7 @@ def _type_ok(field: Field, value: Any) -> bool:
 def field_problem(field: Field, config: Mapping[str, Any]) -> str | None:
     """Why `config`'s value of `field` is not allowed (one line naming it), or None."""
     value = _lookup(config, field.name)
-    if value is _MISSING:
+    if value is _MISSING or (not isinstance(value, bool) and value in field.off):
         return None
     ok = _type_ok(field, value)
     if ok and field.choices:
