@@ -35,8 +35,7 @@ h at 38 in a load spike); 5 LRs to 3.2e-2 planned 270 runs, 3.5 h at 57 GFLOP/s)
 Claims: per scale, SP's best LR moves with depth, and CompleteP's stays at α = 1/2 and at α = 1
 (`transfer.Transfer` along `override:model.num_layers`, the margin one grid step, ×2, intervals
 included), each over the runs of its α alone (`AtAlpha`). The report's best_lr_vs_num_layers.png
-draws `transfer.optima`, which keys on (parametrisation, policy) only: its μP panel holds the two
-α arms in one line and is not to be read; the claims are.
+gives each α a panel of its own (`transfer_plots` names the arm "mup α=0.5").
 """
 
 import dataclasses

@@ -117,6 +117,17 @@ def test_a_head_dim_sweep_draws_its_own_axis_and_a_study_without_parametrisation
     assert transfer_plots.figures(bare, style) == {}
 
 
+def test_depth_alpha_arms_get_panels_of_their_own(rendered):
+    """μP rows split into two CompleteP arms by `model.depth_alpha` (0.5, 1): each arm is a
+    parametrisation of its own in the figure, not one line through both."""
+    _, found, style, _ = rendered
+    split = [{**r, transfer_plots.DEPTH_ALPHA: 0.5 if r["seed"] == 0 else 1.0}
+             if r[transfer.PARAMETRIZATION] == "mup" else r for r in found]
+    drawn = transfer_plots.figures(split, style)["best_lr_vs_width.png"]
+    params = {gid.split("|")[0] for gid in series(drawn)}
+    assert params == {"sp", "mup α=0.5", "mup α=1"}
+
+
 def test_every_series_drawn(rendered):
     *_, figures = rendered
     widths = {p["model.d_model"] for p in mup_transfer.sweep("cpu")}

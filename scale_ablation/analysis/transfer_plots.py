@@ -255,11 +255,24 @@ def plot_loss_by_width(rows: list[dict], style: look.Style,
         f"hue: policy; shade: {along}\n(light small, dark large)\nmean over seeds"))
 
 
+DEPTH_ALPHA = "override:model.depth_alpha"
+
+
+def _with_depth_rule(row: dict) -> dict:
+    """The row with CompleteP's α in its parametrisation's name ("mup α=0.5"), so that arms
+    that differ only by `model.depth_alpha` get panels of their own; α 0 (off) adds nothing."""
+    alpha = row.get(DEPTH_ALPHA)
+    if alpha in (None, "") or not float(alpha):
+        return row
+    name = str(row.get(transfer.PARAMETRIZATION, "sp"))
+    return {**row, transfer.PARAMETRIZATION: f"{name} α={float(alpha):g}"}
+
+
 def figures(rows: list[dict], style: look.Style | None = None) -> dict[str, Figure]:
     """The study's two figures along the axis its rows vary (`axis_of`: d_model, the head dim
     or the q/k width, two values or more), or {} when they vary none on an LR grid."""
     axis = axis_of(rows)
-    rows = [r for r in rows if axis and r.get(axis) not in (None, "")]
+    rows = [_with_depth_rule(r) for r in rows if axis and r.get(axis) not in (None, "")]
     if axis is None or not cmp.has_lr_grid(rows):
         return {}
     style, name = style or look.Style.of(rows), LABELS[axis][1]
