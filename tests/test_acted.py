@@ -193,6 +193,15 @@ def test_a_learned_scale_given_its_start_is_measured_from_it():
     assert judge(costs_nothing("learned:1.0"), rows).verdict == acted.NOT_EXERCISED
 
 
+def test_a_learned_scale_that_logged_no_final_value_is_not_known():
+    for missing in ({}, {"final_learned_scale": None}, {"final_learned_scale": 0.0}):
+        rows = study("learned", lambda lr, m=missing: dict(m), lambda lr: 0.001)
+        found = judge(costs_nothing("learned"), rows)
+        # Nothing measured: the comparison's own verdict stands, and the line says no more.
+        assert found.verdict == "supported", found
+        assert acted_line(found).endswith(": not known for its 3 runs")
+
+
 # --------------------------------------------------------------------------- loss scale
 
 
@@ -211,6 +220,32 @@ def test_a_loss_scale_always_acts_and_reports_its_skipped_steps():
     assert found.verdict != acted.NOT_EXERCISED
     assert "dynamic loss scale (period 200)" in line and "yes, in all 6 runs" in line
     assert f"skipped {sum(3 + s for s in SEEDS) * 2:g} steps in all (5 at most" in line
+
+
+def test_a_static_loss_scale_and_unreadable_overrides():
+    assert acted.interventions({"policy": "inv_sqrt_dk", "override:train.loss_scale": "1024"}) == (
+        acted.Intervention("loss_scale", 0.0, "static loss scale 1024"),)
+    # 1 and 0 scale nothing; a value that is no number is no intervention either.
+    for value in ("0", "", None, "abc", [3]):
+        assert acted.interventions({"policy": "inv_sqrt_dk", "override:train.loss_scale": value,
+                                    "override:train.z_loss": value}) == ()
+    for value in ("1", 1.0):  # a static scale of 1 multiplies by one
+        assert acted.interventions({"policy": "inv_sqrt_dk",
+                                    "override:train.loss_scale": value}) == ()
+
+
+def test_a_loss_scale_whose_skipped_steps_were_not_recorded_says_so():
+    rows = []
+    for lr in (1e-2, 3e-2):
+        for seed in SEEDS:
+            for period, diverged in (("0", lr == 3e-2), ("200", False)):
+                rows.append({**row("inv_sqrt_dk", lr, seed, 3.2),
+                             "status": "diverged" if diverged else "completed",
+                             "override:train.loss_scale_period": period})
+    rule = c.Arms(c.Diverges("more", ("0",), "200"), field="train.loss_scale_period")
+    line = acted_line(judge(c.Claim("loss scaling helps", rule), rows))
+    assert line.endswith("yes, in all 6 runs: it multiplies every step's loss; the steps it "
+                         "skipped were not recorded for these runs (before issue 54)")
 
 
 # --------------------------------------------------------------------------- scope

@@ -102,3 +102,17 @@ def test_the_markdown_table_has_a_row_per_study_and_a_verdict_per_band(tmp_path)
 def test_the_command_refuses_a_missing_folder(tmp_path, capsys):
     assert monitoring_bands.main(["bands", str(tmp_path / "nope")]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def test_a_study_without_a_smooth_run_has_no_standing_and_the_command_writes_the_rest(
+        tmp_path, capsys):
+    unfinished = [row(2.4, 0.9, 0.3, status="diverged"), row(2.5, 0.9, 0.3, failures="spiked")]
+    assert monitoring_bands.best_run(unfinished) is None
+    assert monitoring_bands.standing("rough", unfinished) is None
+    write_study(tmp_path, "rough", unfinished)
+    write_study(tmp_path, "smooth", [row(2.6, 0.9, 0.3)])
+    assert [s.study for s in monitoring_bands.load_standings(str(tmp_path))] == ["smooth"]
+    assert monitoring_bands.main(["bands", str(tmp_path)]) == 0
+    written = (tmp_path / monitoring_bands.OUT_NAME).read_text(encoding="utf-8")
+    assert capsys.readouterr().out.strip() == os.path.join(str(tmp_path), monitoring_bands.OUT_NAME)
+    assert "| smooth |" in written and "| rough |" not in written

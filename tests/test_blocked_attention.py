@@ -137,6 +137,18 @@ def test_backward_keeps_output_and_log_sum_exp_not_weights():
     assert max(x.size for x in jax.tree.leaves(dense_vjp)) >= batch_heads * seq * seq
 
 
+@pytest.mark.parametrize("shapes", [
+    ((2, 16, HEADS, HEAD_DIM), (2, 16, HEADS, 4), (2, 16, HEADS, HEAD_DIM), (16, HEADS)),  # k
+    ((2, 16, HEADS, HEAD_DIM), (2, 16, HEADS, HEAD_DIM), (2, 8, HEADS, HEAD_DIM), (16, HEADS)),
+    ((2, 16, HEADS, HEAD_DIM), (2, 16, HEADS, HEAD_DIM), (2, 16, HEADS, HEAD_DIM), (16, 1)),
+])
+def test_mismatched_shapes_are_refused_naming_all_four(shapes):
+    q, k, v, scale = (jnp.zeros(s) for s in shapes)
+    with pytest.raises(ValueError, match="blocked attention needs") as raised:
+        blocked_attention.blocked_attention(q, k, v, scale)
+    assert all(str(s) in str(raised.value) for s in shapes)
+
+
 def test_dropout_internals_and_cross_attention_keep_the_dense_path():
     policy = policies.get("inv_sqrt_dk")
     q, k, v = qkv(7, 40)

@@ -239,3 +239,37 @@ def test_softmax_entropy_table_limits():
         jax.random.key(0), head_dim=1024, divisor=1.0, n_keys=3, n_samples=2000
     )
     assert entropy < 0.1 and max_weight > 0.95
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_past_knee_counts_capped_logits_beyond_half_the_cap(use_mask):
+    cap, (batch, heads, n) = 4.0, (2, 3, 6)
+    raw = 3 * np.asarray(normal(7, (batch, heads, n, n)))
+    capped = cap * np.tanh(raw / cap)
+    mask = causal(n) if use_mask else np.ones((n, n), bool)
+    # Counted on the raw logits: |z| > C/2 among the visible ones, per head.
+    expected = [((np.abs(raw[:, h]) > cap / 2) & mask).sum() / (batch * mask.sum())
+                for h in range(heads)]
+    got = diagnostics.past_knee(jnp.asarray(capped), jnp.asarray(mask) if use_mask else None, cap)
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-6)
+
+
+def test_a_softcap_layer_reports_its_share_past_the_knee():
+    from flax import nnx
+
+    from scale_ablation.model.spec import ModelConfig
+
+    model = ModelConfig(d_model=32, num_layers=1, num_heads=2, head_dim=16,
+                        layer_policies=("softcap:0.5",))
+    model.check()
+    layer = attention.SelfAttention(model, policies.get("softcap:0.5"), rngs=nnx.Rngs(0))
+    x = 4 * normal(1, (1, 8, 32))
+    _, stats = layer(x, with_diagnostics=True)
+    # The raw logits by hand from the layer's own projections: q·k/√d_k, causal.
+    q = (np.asarray(x) @ np.asarray(layer.query.kernel[...])).reshape(1, 8, 2, 16)
+    k = (np.asarray(x) @ np.asarray(layer.key.kernel[...])).reshape(1, 8, 2, 16)
+    raw = np.einsum("bqhd,bkhd->bhqk", q, k) / 4.0
+    past = (np.abs(raw) > 0.25) & causal(8)
+    np.testing.assert_allclose(stats["softcap_past_knee"], past.sum((0, 2, 3)) / causal(8).sum(),
+                               rtol=1e-6)
+    assert float(stats["softcap_past_knee"].min()) > 0  # the test's logits do reach the knee

@@ -169,6 +169,49 @@ def test_a_c_star_beyond_the_grid_is_a_bound_and_names_the_next_c():
     assert exponent_claims.Exponent("fan_in").judge(rows).verdict == "inconclusive"
 
 
+def c_row(c: float, lr: float, seed: int, value: float | None, d_k: int = 16) -> dict:
+    return {"policy": dk_exponent.policy_of(c), "d_k": d_k, "lr": lr, "seed": seed,
+            "status": "completed" if value is not None else "diverged", "final_val_bpb": value}
+
+
+def test_c_curves_keep_only_the_cs_and_d_k_that_have_a_point():
+    bowl = lambda c, lr, s: (2.5 + 0.05 * math.log(c) ** 2  # noqa: E731
+                             + math.log10(lr / LR_STAR) ** 2 + 0.01 * s)
+    rows = [c_row(c, lr, s, bowl(c, lr, s)) for c in (0.5, 1.0, 2.0) for lr in LRS for s in (0, 1)]
+    rows += [c_row(4.0, lr, s, None) for lr in LRS for s in (0, 1)]  # c = 4: all diverged
+    rows += [c_row(8.0, LRS[0], 0, 2.6), c_row(8.0, LRS[1], 1, 2.6)]  # no LR ran both seeds
+    rows += [{**c_row(1.0, lr, s, 9.9), "policy": "inv_dk"} for lr in LRS for s in (0, 1)]
+    rows += [c_row(1.0, lr, s, bowl(1.0, lr, s), d_k=32) for lr in LRS for s in (0, 1)]  # one c
+    curves = exponent.c_curves(rows, "fan_in")
+    assert list(curves) == [16]  # d_k 32 has one c: no curve
+    curve = curves[16]
+    assert curve.cs == (0.5, 1.0, 2.0) and curve.best_lrs == (LR_STAR,) * 3
+    assert curve.lr_edges == (False,) * 3  # LR_STAR is the middle LR
+    for s in (0, 1):  # inv_dk's 9.9 (not c·d_k^(-1/2)) is never read
+        assert curve.losses_by_seed[s] == pytest.approx([bowl(c, LR_STAR, s) for c in curve.cs])
+    # A curve whose every c ran one LR, and diverged there: no c* to locate.
+    failed = exponent.c_curves([c_row(c, LRS[0], s, None) for c in (0.5, 1.0) for s in (0, 1)],
+                               "fan_in")
+    assert failed[16].lr_edges == (True, True) and exponent.locate(failed[16]) is None
+
+
+def test_a_best_lr_on_its_lr_grids_edge_leaves_c_star_unsettled():
+    rows = [r for r in synthetic_rows(0.0) if r["lr"] >= LR_STAR]  # LR_STAR is now the lowest
+    found = exponent.fit(rows, "fan_in", n_draws=10)
+    assert found.unsettled == {
+        d: "the best c or a neighbour took its LR from its LR grid's edge" for d in D_KS}
+    assert found.slope is None and found.settled == []
+
+
+def test_ols_matches_scipy_and_has_no_error_below_three_points():
+    x, y = np.log([8.0, 16.0, 32.0, 64.0]), np.array([0.1, 0.45, 0.7, 1.2])
+    fit = scipy_stats.linregress(x, y)
+    assert exponent.ols(x, y) == pytest.approx((fit.slope, fit.intercept, fit.stderr))
+    two = scipy_stats.linregress(x[:2], y[:2])
+    slope, intercept, error = exponent.ols(x[:2], y[:2])
+    assert (slope, intercept) == pytest.approx((two.slope, two.intercept)) and error is None
+
+
 def test_one_seed_leaves_the_exponent_inconclusive():
     rows = synthetic_rows(0.0, seeds=(0,))
     assert exponent_claims.Exponent("fan_in").judge(rows).verdict == "inconclusive"
@@ -285,3 +328,52 @@ def test_quick_sweep_runs_end_to_end_and_reports_the_exponent(tmp_path):
     assert (out / "loss_vs_c.png").exists() and (out / "c_star_vs_dk.png").exists()
     claims_md = (out / "claims.md").read_text()
     assert "The optimal scale is ∝ d_k^(−1/2) (fan_in init)" in claims_md
+
+
+def test_a_d_k_that_ran_one_c_is_unsettled_and_says_so():
+    """A d_k where one c of the family ran (c = 1 at d_k 32 beside a full grid at 16) has no
+    curve over c: its c* is no location, and naming 'the next c to run' needs two c. Before
+    the fix, `exponent.fit` raised IndexError here (why_unsettled read the grid's second c)."""
+    rows = [r for r in synthetic_rows(0.0) if r["d_k"] == 16 or
+            (r["d_k"] == 32 and r["policy"] == "inv_sqrt_dk")]
+    found = exponent.fit(rows, "fan_in", n_draws=10)
+    assert found.unsettled == {32: "only c = 1 was run at this d_k"}
+    assert found.settled == [16] and found.slope is None
+    assert exponent_claims.Exponent("fan_in").judge(rows).verdict == "inconclusive"
+
+
+def test_a_c_star_past_the_top_c_of_8_is_drawn_at_8():
+    """c* = 16 past the grid 1…8: every d_k's c* is the top c, a bound. located.py keys the c by
+    their logs rounded to 9 digits, and ln 8 rounds up, so the bound sat 1e-9 past the grid
+    value its interval is clipped to: before the fix, matplotlib refused the negative error bar
+    (ValueError) and the report's c* figure was lost."""
+    rows = synthetic_rows(0.0, c0=16.0, cs=(1.0, 2.0, 4.0, 8.0), noise=0.003)
+    figure = exponent_plots.figures(rows)["c_star_vs_dk.png"]
+    (ax,) = figure.axes
+    (points,) = [line for line in ax.lines if line.get_marker() == "o"]
+    assert list(points.get_xdata()) == list(D_KS)
+    np.testing.assert_allclose(np.asarray(points.get_ydata(), float), 8.0, rtol=1e-6)
+
+
+def test_figures_with_a_d_k_of_one_seed_draw_what_can_be_located():
+    """d_k 16 with three seeds (c* = 1 exactly), d_k 32 with one: no noise estimate there, so
+    no c*, no tolerance bar, no slope; two d_k make one row of panels."""
+    rows = ([r for r in synthetic_rows(0.0) if r["d_k"] == 16]
+            + [r for r in synthetic_rows(0.0, seeds=(0,)) if r["d_k"] == 32])
+    figures = exponent_plots.figures(rows)
+    loss = {ax.get_title(): ax for ax in figures["loss_vs_c.png"].axes}
+    assert set(loss) == {"d_k = 16", "d_k = 32"}
+    vertical = lambda ax: [line.get_xdata()[0] for line in ax.lines  # noqa: E731
+                           if len(set(line.get_xdata())) == 1 and len(line.get_xdata()) == 2]
+    assert vertical(loss["d_k = 16"]) == [pytest.approx(1.0)] and vertical(loss["d_k = 32"]) == []
+    (c_star,) = figures["c_star_vs_dk.png"].axes
+    assert c_star.get_title() == "fan_in init: no fit"
+    assert [list(line.get_xdata()) for line in c_star.lines if line.get_linewidth() == 6] == [
+        [16, 16]]  # the tolerance bar of d_k 16 only
+    # With one seed everywhere no d_k has a c*: no c* figure at all.
+    assert exponent_plots.plot_c_star(synthetic_rows(0.0, seeds=(0,))) is None
+    # Two c, but never two at one d_k: no curve over c to draw; each d_k's one c is a bound.
+    apart = [r for r in synthetic_rows(0.0) if (r["d_k"], r["policy"]) in
+             ((16, "inv_sqrt_dk"), (32, dk_exponent.policy_of(2.0)))]
+    assert exponent_plots.plot_loss_vs_c(apart) is None
+    assert set(exponent_plots.figures(apart)) == {"c_star_vs_dk.png"}

@@ -223,3 +223,19 @@ def test_several_failures_come_in_the_fixed_order():
                     train=lambda s: healthy_train(s) + (1.5 if s >= 300 else 0.0))
     rows[-1]["train/loss"] = math.nan
     assert classify(rows) == list(failures.FAILURE_KINDS)
+
+
+def test_without_every_steps_loss_the_summary_leaves_the_spike_to_the_logged_rows():
+    # No spike_step key: the loop's watch of the logged rows keeps the one it wrote.
+    assert failures.summary_spike(None, warmup_steps=10) == {
+        "spike_judged_on": failures.LOGGED_ROWS}
+
+
+@pytest.mark.parametrize("recorded", [("spiked", "not_learning"), ["spiked", "not_learning"],
+                                      "spiked;not_learning;"])
+def test_a_rows_recorded_failures_are_taken_as_they_are(recorded):
+    # A row that records its kinds (a list in memory, ";"-joined in a CSV) is not re-derived
+    # from its fields, which here say diverged.
+    row = {"failures": recorded, "status": "diverged", "spike_step": None}
+    assert failures.row_failures(row) == ["spiked", "not_learning"]
+    assert failures.row_failures({"status": "diverged", "spike_step": None}) == ["diverged"]

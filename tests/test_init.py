@@ -103,6 +103,15 @@ def test_unknown_init_is_rejected():
         model_of(config("gpt3"), nnx.Rngs(params=0))
 
 
+def test_kernel_init_itself_refuses_an_unknown_kind():
+    # Past the config's check: a layer built with a kind the three closed forms do not name.
+    from scale_ablation.model import initializers
+
+    with pytest.raises(ValueError, match=r"^model\.init must be one of fan_in, xavier, gpt2, "
+                                         r"got 'kaiming'$"):
+        initializers.kernel_init("kaiming")
+
+
 def test_gpt2_model_computes_the_reference_function():
     torch = require("torch")
     from benchmarks import reference_gpt2

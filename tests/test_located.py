@@ -107,3 +107,43 @@ def test_the_slope_of_exact_optima_and_its_bounds():
 def test_bad_input_says_what_is_wrong(xs, losses, says):
     with pytest.raises(ValueError, match=says):
         located.locate_curve(xs, losses)
+
+
+def test_grids_that_are_not_one_or_two_axes_and_too_few_d_k_are_refused():
+    run = {0: 2.0, 1: 2.1}
+    for grid, says in (({}, "at least one grid point"),
+                       ({(1.0,): run, (1.0, 2.0): run}, "one coordinate or all two"),
+                       ({(1.0, 2.0, 3.0): run, (2.0, 2.0, 3.0): run}, "one coordinate or all two")):
+        with pytest.raises(ValueError, match=says):
+            located.locate(grid)
+    lrs = [1e-3 * 2**k for k in range(5)]
+    one = located.locate_curve(lrs, noisy_curve(np.random.default_rng(3), lrs, 3, 0.01))
+    with pytest.raises(ValueError, match="need at least two d_k for a slope, got 1"):
+        located.fit_slope({8: one})
+    with pytest.raises(ValueError, match="need at least three d_k for a curvature, got 2"):
+        located.fit_curve({8: one, 16: one})
+
+
+def test_a_c_whose_every_run_failed_takes_no_part_in_the_lr_edge_judgement():
+    cs, lrs = [0.5, 1.0, 2.0, 4.0], [1e-3, 2e-3, 4e-3]
+    grid = {(c, lr): {s: 2.0 + 0.05 * math.log(c) ** 2 + 0.2 * math.log(lr / 2e-3) ** 2
+                      + 0.01 * s + 1e-4 * ((k + s) % 3) for s in range(3)}
+            for k, (c, lr) in enumerate((c, lr) for c in cs for lr in lrs)}
+    grid.update({(2.0, lr): {s: None for s in range(3)} for lr in lrs})  # c = 2: all diverged
+    found = located.locate(grid, n_draws=20)
+    # By hand: the best c is 1; of its neighbours c = 0.5 took its best LR (2e-3) inside its LR
+    # grid and c = 2 has no finished LR, so no LR edge is near.
+    assert found.best == (1.0, 2e-3) and not found.nuisance_edge
+    # The same with c = 2's runs finished at the LR grid's edge only: now an LR edge is near.
+    grid.update({(2.0, lr): {s: (None if lr < 4e-3 else 2.5 + 0.01 * s) for s in range(3)}
+                 for lr in lrs})
+    assert located.locate(grid, n_draws=20).nuisance_edge
+
+
+def test_c_grids_read_the_family_only():
+    rows = [{"policy": policy, "d_k": 16, "lr": 1e-3, "seed": 0, "status": "completed",
+             "final_val_bpb": value}
+            for policy, value in (("c_inv_sqrt_dk:2", 2.5), ("inv_sqrt_dk", 2.4), ("inv_dk", 2.3))]
+    # inv_sqrt_dk is c = 1; inv_dk is not c·d_k^(-1/2) and is left out.
+    assert located.c_grids(rows, "final_val_bpb") == {16: {(2.0, 1e-3): {0: 2.5},
+                                                           (1.0, 1e-3): {0: 2.4}}}

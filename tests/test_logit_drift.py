@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -121,3 +122,54 @@ def test_the_published_findings_are_recounted(expected):
     in_band = sum(0.8 <= c["stds"][c["steps"][-1]][0] <= 1.2 for c in expected.values())
     assert f"within ±10% of the law at init in {at_law} of {len(expected)} cells" in text
     assert f"inside the health band [0.8, 1.2] in {in_band} of {len(expected)} cells" in text
+
+
+def test_the_module_writes_the_published_file(tmp_path, capsys):
+    """The table and findings the module writes are the published file byte for byte, which
+    the tests above check against the independent recomputation."""
+    relative = str(STORE.relative_to(REPO))
+    cells = logit_drift.drift(str(STORE))
+    assert logit_drift.markdown(cells, relative) == PUBLISHED.read_text()
+    written = logit_drift.write(str(STORE), str(tmp_path / "out"))
+    assert [(c.init, c.d_k) for c in written] == [(c.init, c.d_k) for c in cells]
+    text = (tmp_path / "out" / "logit_drift.md").read_text()
+    assert text == logit_drift.markdown(cells, str(STORE)) and text in capsys.readouterr().out
+    assert (tmp_path / "out" / "logit_drift.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_cell_of_one_seed_or_no_spread_is_written_as_it_is():
+    one = logit_drift.Cell("fan_in", 8, 1e-3, True, 1.0,
+                           {0: logit_drift.Estimate(1.0, None, 1),
+                            400: logit_drift.Estimate(2.0, 0.0, 2)},
+                           logit_drift.Estimate(2.0, 0.0, 2))
+    table = [line for line in logit_drift.markdown([one], "x").splitlines()
+             if line.startswith("| fan_in")]
+    # No interval with one seed; "± 0" where the seeds agree exactly.
+    assert table == ["| fan_in | 8 | 0.001 (edge) | 2 | 1 | 1 | 2 ± 0 | 2 ± 0 |"]
+
+
+def test_the_law_at_init_per_init():
+    # σ_q·σ_k = fan_in·σ_W² for unit-variance inputs: gain² under fan_in, d_model·(0.02·gain)²
+    # under gpt2; xavier's σ_W depends on fan_out too: no law here.
+    assert logit_drift.law_at_init({"init": "fan_in", "init_gain": 2.0}) == 4.0
+    assert logit_drift.law_at_init({"init": "gpt2", "init_gain": 2.0, "d_model": 128}) == \
+        pytest.approx(128 * 0.04**2)
+    assert math.isnan(logit_drift.law_at_init({"init": "xavier", "init_gain": 1.0}))
+
+
+def test_a_store_without_the_runs_or_their_step_0_is_refused(monkeypatch, tmp_path):
+    def run(policy, steps):
+        config = {"policy": policy, "model": {"init": "fan_in", "init_gain": 1.0, "head_dim": 8,
+                                              "qk_dim": 0, "d_model": 32},
+                  "train": {"lr": 1e-3, "seed": 0}}
+        return SimpleNamespace(config=config, summary={"final_val_bpb": 3.0},
+                               metrics=[{"step": s, "attn/layer0/logit_std": 1.0} for s in steps])
+
+    stores = {"other": [run("inv_dk", (0, 200))], "late": [run("inv_sqrt_dk", (200, 400))]}
+    monkeypatch.setattr(logit_drift, "read_store", lambda path: SimpleNamespace(runs=stores[path]))
+    with pytest.raises(ValueError, match=r"^other holds no inv_sqrt_dk runs$"):
+        logit_drift.write("other", str(tmp_path))
+    with pytest.raises(ValueError, match=r"^late: fan_in d_k 8 has no logit std at step 0 in "
+                                         r"every run$"):
+        logit_drift.drift("late")
+    assert not any(tmp_path.iterdir())  # nothing written

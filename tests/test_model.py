@@ -5,6 +5,7 @@ References are independent of `model.py`: a NumPy attention with the scale each 
 give, the Xavier variance formula, and the float32 model for the bfloat16 one.
 """
 
+import dataclasses
 import math
 import pathlib
 
@@ -209,3 +210,98 @@ def test_init_gain_scales_query_and_key_outputs(init):
 def test_build_model_rejects_bad_fields(overrides, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         model_of(tiny_config(**overrides), seed=0)
+
+
+# --- model.norm=rmsnorm, the coordinates, ModelConfig's other refusals -----------------------
+
+def small_model(**fields):
+    from scale_ablation.model.lm import LanguageModel
+    from scale_ablation.model.spec import ModelConfig
+
+    config = ModelConfig(d_model=32, num_layers=2, num_heads=2, head_dim=16, max_seq_len=16,
+                         layer_policies=("inv_sqrt_dk",) * 2, **fields)
+    config.check()
+    return LanguageModel(config, rngs=nnx.Rngs(params=0))
+
+
+def test_rmsnorm_model_normalises_by_the_root_mean_square():
+    model = small_model(norm="rmsnorm")
+    norm = model.blocks[0].attention_norm
+    x = np.random.default_rng(0).standard_normal((2, 5, 32)).astype(np.float32) * 3 + 1
+    gain = np.asarray(norm.scale[...])
+    expected = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * gain
+    np.testing.assert_allclose(np.asarray(norm(jnp.asarray(x))), expected, rtol=1e-5, atol=1e-5)
+    assert not hasattr(norm, "bias")  # no centring: an RMSNorm, not a LayerNorm
+    logits, _ = model(jnp.zeros((1, 8), jnp.int32))
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_coordinates_are_the_mean_abs_of_each_activation_family():
+    model = small_model()
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, VOCAB, (2, 12)), jnp.int32)
+    coords = {name: float(v) for name, v in model.coordinates(tokens).items()}
+    # By hand from the modules, the stream written out as the pre-norm blocks define it.
+    mean_abs = lambda a: float(np.abs(np.asarray(a, np.float64)).mean())  # noqa: E731
+    x = model.embed(tokens)
+    embedding = mean_abs(x)
+    x = x + model.position_embed(jnp.arange(12))[None]
+    attn, mlp, logit_sizes = [], [], []
+    visible = np.tril(np.ones((12, 12), bool))
+    for block in model.blocks:
+        h = np.asarray(block.attention_norm(x), np.float64)
+        q, k = (h @ np.asarray(p.kernel[...], np.float64) for p in (block.attention.query,
+                                                                     block.attention.key))
+        q, k = q.reshape(2, 12, 2, 16), k.reshape(2, 12, 2, 16)
+        logits = np.einsum("bqhd,bkhd->bhqk", q, k) / 4.0  # 1/√16
+        logit_sizes.append(np.abs(logits)[:, :, visible].mean())
+        a, _ = block.attention(block.attention_norm(x))
+        x = x + a
+        m = block.mlp(block.mlp_norm(x))
+        x = x + m
+        attn.append(mean_abs(a)), mlp.append(mean_abs(m))
+    expected = {"embedding": embedding, "attn_logits": float(np.mean(logit_sizes)),
+                "attn_output": float(np.mean(attn)), "mlp_output": float(np.mean(mlp)),
+                "residual": mean_abs(x), "output_logits": mean_abs(model(tokens)[0])}
+    assert coords == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"qk_dim": -8}, r"^model\.qk_dim must be 0 \(= model\.head_dim\) or a positive width, "
+                     r"got -8$"),
+    ({"qk_dim": 8.5}, r"^model\.qk_dim must be .* got 8\.5$"),
+    ({"head_dim": 1, "layer_policies": ("inv_log_dk",)},  # 1/ln(1)
+     r"^policy 'inv_log_dk' has no scale at d_k=1: "),
+    ({"num_layers": 2}, r"^1 layer policies for model\.num_layers=2$"),  # one spec, two layers
+])
+def test_model_config_refusals_past_the_schema(fields, says):
+    from scale_ablation.errors import ConfigError
+    from scale_ablation.model.spec import ModelConfig
+
+    base = {"d_model": 32, "num_layers": 1, "num_heads": 2, "head_dim": 16,
+            "layer_policies": ("inv_sqrt_dk",)}
+    with pytest.raises(ConfigError, match=says):
+        ModelConfig(**{**base, **fields}).check()
+
+
+def test_a_policy_whose_scale_is_not_finite_is_refused(monkeypatch):
+    # A user's policy may compute inf where a built-in one raises: the check names it.
+    from scale_ablation.errors import ConfigError
+    from scale_ablation.model import policies
+    from scale_ablation.model.spec import ModelConfig
+
+    monkeypatch.setitem(policies._REGISTRY, "test_infinite_scale",
+                        lambda arg: policies.scalar(lambda head_dim: float("inf")))
+    model = ModelConfig(d_model=32, num_layers=1, num_heads=2, head_dim=16,
+                        layer_policies=("test_infinite_scale",))
+    with pytest.raises(ConfigError, match=r"^policy 'test_infinite_scale' gives scale inf at "
+                                          r"d_k=16$"):
+        model.check()
+
+
+def test_residual_dtype_float32_keeps_the_stream_apart_from_the_compute_dtype():
+    from scale_ablation.model.spec import ModelConfig
+
+    model = ModelConfig(d_model=32, num_layers=1, num_heads=2, head_dim=16, dtype="bfloat16",
+                        residual_dtype="float32", layer_policies=("inv_sqrt_dk",))
+    assert (model.stream_dtype, model.compute_dtype) == (jnp.float32, jnp.bfloat16)
+    assert dataclasses.replace(model, residual_dtype="").stream_dtype == jnp.bfloat16

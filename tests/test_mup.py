@@ -12,8 +12,9 @@ import pytest
 from helpers import require, tiny_config
 
 from scale_ablation.errors import ConfigError
-from scale_ablation.model import policies
+from scale_ablation.model import parametrization, policies
 from scale_ablation.model.build import build_model
+from scale_ablation.model.spec import ModelConfig
 from scale_ablation.training import optim, run_config, run_setup, steps
 
 BASE = {"model.d_model": 32, "model.head_dim": 16}
@@ -211,3 +212,72 @@ def test_zero_init_readout_starts_at_uniform_logits():
 def test_bad_parametrization_fields_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         run_config.validate(tiny_config(**overrides))
+
+
+# --- every refusal of model/parametrization.py -----------------------------------------------
+# `check` is reached through `ModelConfig.check`; from a run config the schema (and the config's
+# own typing) refuses most of these first (the test above), so a ModelConfig built directly, as
+# a program may, is where parametrization.py's own refusals speak.
+
+def model_config(**fields) -> ModelConfig:
+    return ModelConfig(d_model=32, num_layers=1, num_heads=2, head_dim=16,
+                       layer_policies=("inv_sqrt_dk",), **fields)
+
+
+@pytest.mark.parametrize("fields, field, value", [
+    ({"parametrization": "mu"}, "model.parametrization", "'mu'"),
+    ({"parametrization": "SP"}, "model.parametrization", "'SP'"),
+    ({"base_d_model": -1}, "model.base_d_model", "-1"),
+    ({"base_d_model": True}, "model.base_d_model", "True"),  # a bool is no width
+    ({"base_head_dim": 8.0}, "model.base_head_dim", "8.0"),
+    ({"base_head_dim": "16"}, "model.base_head_dim", "'16'"),
+    ({"readout_zero_init": 1}, "model.readout_zero_init", "1"),
+    ({"readout_zero_init": "yes"}, "model.readout_zero_init", "'yes'"),
+    ({"parametrization": "mup", "init": "xavier"}, "model.parametrization=mup needs "
+     "model.init=fan_in", "'xavier'"),
+    ({"parametrization": "mup", "init": "gpt2"}, "model.parametrization=mup needs "
+     "model.init=fan_in", "'gpt2'"),
+])
+def test_each_parametrization_refusal_is_one_line_naming_the_field_and_value(fields, field,
+                                                                             value):
+    with pytest.raises(ConfigError) as raised:
+        model_config(**fields).check()
+    message = str(raised.value)
+    assert message.startswith(field) and message.endswith(value) and "\n" not in message
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"parametrization": "mup"}, {"base_d_model": 0, "base_head_dim": 0},
+    {"parametrization": "mup", "base_d_model": 8, "base_head_dim": 4, "readout_zero_init": True},
+    {"init": "gpt2"},  # sp takes any init
+])
+def test_the_edges_of_the_refusals_are_accepted(fields):
+    assert model_config(**fields).check() is None
+
+
+@pytest.mark.parametrize("shape, base, says", [
+    ((32, 64), (32,), "another rank"),
+    ((32,), (32, 64), "another rank"),
+    ((4, 8, 16), (2, 4, 8), "more than two dims"),  # three dims differ: no mup class
+])
+def test_a_parameter_outside_mups_classes_is_refused_by_every_rule(shape, base, says):
+    for rule in (parametrization.role, parametrization.lr_multiplier,
+                 parametrization.init_multiplier):
+        with pytest.raises(ValueError, match=says):
+            rule(shape, base)
+
+
+@pytest.mark.parametrize("shape, base, expected", [
+    ((4, 8, 16), (4, 8, 16), "finite"), ((4, 8, 16), (2, 8, 16), "vector"),
+    ((4, 8, 16), (2, 4, 16), "matrix"), ((64, 32), (16, 32), "output"),
+    ((64,), (16,), "vector"),  # a 1-D parameter's one dim is no fan-in of a kernel
+])
+def test_role_counts_the_dims_that_differ(shape, base, expected):
+    assert parametrization.role(shape, base) == expected
+
+
+@pytest.mark.parametrize("spec", ["mup_inv_dk:0", "mup_inv_dk:-16", "mup_inv_dk:x",
+                                  "mup_inv_dk:inf"])
+def test_mup_inv_dk_refuses_a_base_head_dim_that_is_not_positive(spec):
+    with pytest.raises(ValueError, match=r"^policy 'mup_inv_dk' got .*a base head dim B$"):
+        policies.get(spec)

@@ -207,3 +207,13 @@ def test_the_readout_is_not_folded_twice():
                (base_shapes.lr_multipliers(config), base_shapes.init_multipliers(config))]
     assert readout == [group["lr"], 1.0]
     assert wide.width_mult() == pytest.approx(1 / parametrization.readout_multiplier(config))
+
+
+def test_sp_takes_no_multiplier_from_base_shape_fields():
+    """The base shape speaks under μP only: the same wide model under sp keeps every parameter's
+    own LR and init (SP's definition), though its base fields name a narrower model."""
+    fields = {**ARMS["head_dim"][0], **MUP}
+    sp = run_config.model_config(tiny_config(**{**fields, "model.parametrization": "sp"}))
+    mup = run_config.model_config(tiny_config(**fields))
+    assert base_shapes.lr_multipliers(sp) == () == base_shapes.init_multipliers(sp)
+    assert dict(base_shapes.lr_multipliers(mup))[OUT_KERNEL] == BASE_DIM / WIDE_DIM  # μP's do

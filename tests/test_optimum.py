@@ -191,3 +191,25 @@ def test_a_metric_where_higher_is_better_is_located_at_its_maximum():
                                                         strict=True)]
     (none,) = optimum.curve_optima(rows, "final_val_bpb")
     assert none.found is None and "finite" in none.reason
+
+
+def test_no_interval_without_degrees_of_freedom_and_the_refusals():
+    lrs = grid(1e-3, 2, 3)
+    # Two seeds that finished at one LR only: runs − seeds − points + 1 = 2 − 2 − 1 + 1 = 0
+    # degrees of freedom for the noise, so the best LR (the one finished) has no interval.
+    found = optimum.fit_optimum(lrs, {0: [2.0, None, None], 1: [2.1, None, math.nan]})
+    assert found.best_lr == lrs[0] and found.n_seeds == 2 and found.log10_ci is None
+    with pytest.raises(ValueError, match="at least one seed"):
+        optimum.fit_optimum(lrs, {})
+    with pytest.raises(ValueError, match="2 losses for 3 learning rates"):
+        optimum.refine_points(lrs, [2.0, 2.1])
+    for ratio in (1.0, 0.5):
+        with pytest.raises(ValueError, match="target ratio must be > 1"):
+            optimum.refine_points(lrs, [2.5, 2.0, 2.4], target_ratio=ratio)
+
+
+def test_a_curve_whose_seeds_never_meet_is_not_located():
+    lrs = grid(1e-3, 2, 3)  # seed i ran LR i only: no seed was run at every LR
+    rows = [row("a", lr, seed, parabola(lr)) for seed, lr in enumerate(lrs)]
+    (curve,) = optimum.curve_optima(rows, "final_val_bpb", n_boot=0)
+    assert curve.found is None and curve.reason == "no seed was run at every learning rate"

@@ -168,6 +168,31 @@ def test_load_error_for_a_module_that_is_not_there():
         plugins.load(["no_such_plugin_mod"])
 
 
+def test_load_skips_blanks_and_repeats_and_refuses_what_is_no_module(tmp_path, monkeypatch):
+    path = write(tmp_path / "plugin_once.py", USER_POLICY.replace("{name}", "pl_once"))
+    monkeypatch.syspath_prepend(str(tmp_path))  # its folder on the path already: not added twice
+    assert [m.__name__ for m in plugins.load(["", str(path), f" {path} ", " "])] == ["plugin_once"]
+    assert sys.path.count(str(tmp_path)) == 1
+    for name, says in (("notes.txt", "not a Python file"),  # no loader for the suffix
+                       ("json.py", "a module named 'json' is already imported")):
+        with pytest.raises(ValueError, match=f"^--imports={tmp_path / name}: {says}"):
+            plugins.load([str(write(tmp_path / name, "x = 1\n"))])
+
+
+def test_a_second_composer_and_a_broken_entry_point_are_refused(monkeypatch):
+    import importlib.metadata
+
+    with pytest.raises(ValueError, match="a policy composer is already registered"):
+        policies.register_composer(lambda first, second: first)
+    broken = importlib.metadata.EntryPoint("sa_gone", "sa_gone_module", policies.ENTRY_POINT_GROUP)
+    monkeypatch.setitem(policies._installed, "loaded", False)  # as a fresh process
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [broken])
+    with pytest.raises(ValueError, match=r"^policy plugin sa_gone = sa_gone_module \(from an "
+                                         r"installed package\) does not import: "
+                                         r"ModuleNotFoundError: No module named 'sa_gone_module'$"):
+        policies.available()
+
+
 # --------------------------------------------------------------------------- command line
 
 

@@ -112,3 +112,20 @@ def test_only_the_train_steps_forward_pass_sows_the_maxima():
     np.testing.assert_allclose(maxima[0], max_logits(graphdef, params, rest), rtol=1e-4)
     np.testing.assert_allclose(logits, model(BATCH["inputs"])[0], rtol=1e-6)
     assert not nnx.state(model, nnx.Intermediate)  # the capture keeps nothing on the model
+
+
+def test_clip_without_biases_rescales_the_kernels_alone():
+    # fan_in init (the default) has no q/k biases: only the kernels' columns are rescaled.
+    config = ModelConfig(d_model=32, num_layers=1, num_heads=HEADS, head_dim=4, qk_dim=QK_DIM,
+                         layer_policies=("qk_clip:10",))
+    config.check()
+    graphdef, params, rest = nnx.split(LanguageModel(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    new_params, new_rest = qk_clip.after_step(graphdef, params, rest, [jnp.asarray([40.0, 5.0])])
+    factor = np.repeat([np.sqrt(10 / 40), 1.0], QK_DIM)  # √(T/max) above T, 1 below
+    for name in ("query", "key"):
+        old, new = (np.asarray(p["blocks"][0]["attention"][name]["kernel"].get_value())
+                    for p in (params, new_params))
+        assert "bias" not in new_params["blocks"][0]["attention"][name]
+        np.testing.assert_allclose(new, old * factor, rtol=1e-6)
+    counts = new_rest["blocks"][0]["attention"]["clip_count"].get_value()
+    np.testing.assert_array_equal(np.asarray(counts), [1.0, 0.0])

@@ -178,3 +178,22 @@ def test_the_test_split_reports_where_every_run_scored_it(tmp_path):
                           metric=f"final_val/bpb_degradation@{LENGTHS[-1]}")
     verdict = verdicts.judge(claims.Claim("log-length degrades less", rule), rows)
     assert verdict.verdict == "supported" and "on the test split" in " ".join(verdict.numbers)
+
+
+def test_length_cells_only_where_a_variant_ran_and_no_pairs_across_d_k():
+    """log_length ran at d_k 16 only, the reference at 32 only: a row per (variant, d_k) that
+    ran, and no paired table (no seed of the reference shares a d_k with log_length)."""
+    def run(policy, d_k, seed, at_n, beyond):
+        return {"policy": policy, "d_k": d_k, "lr": 3e-3, "seed": seed, "status": "completed",
+                "final_val_bpb": at_n, "final_val/bpb_beyond@128": beyond,
+                "final_val/bpb_degradation@128": beyond - at_n}
+
+    rows = [run("log_length", 16, 0, 2.9, 3.1), run("log_length", 16, 1, 3.0, 3.3),
+            run("inv_sqrt_dk", 32, 0, 2.8, 3.2), run("inv_sqrt_dk", 32, 1, 2.9, 3.2)]
+    lines = report_tables.length_tables(rows, [], "inv_sqrt_dk")
+    body = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert [line.split(" | ")[:2] for line in body] == [["| log_length", "16"],
+                                                         ["| inv_sqrt_dk", "32"]]
+    half = sps.t.ppf(0.975, 1) * sps.tstd([0.2, 0.3]) / math.sqrt(2)  # Δ of log_length's seeds
+    assert f"0.250 ± {half:.3f} (n=2)" in body[0]
+    assert not any("against inv_sqrt_dk" in line for line in lines)

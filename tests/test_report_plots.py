@@ -307,3 +307,34 @@ def test_final_against_dk_is_drawn_only_where_it_adds_to_loss_against_lr():
     assert "final_bpb_vs_dk.png" not in report_plots.row_plots(by_width, style)
     across = [{**r, "d_k": d_k} for d_k in (16, 32) for r in with_grid]
     assert "final_bpb_vs_dk.png" in report_plots.row_plots(across, style)
+
+
+def test_arms_without_a_fixed_width_and_rows_without_a_head_count():
+    # Each width (heads × d_k) holds one d_k: no fixed-width arm, the head count is a setting.
+    rows = [{"d_k": 16, "override:model.num_heads": 2}, {"d_k": 32, "override:model.num_heads": 2}]
+    assert [plot_groups.arms(rows)(r) for r in rows] == [["num_heads=2"], ["num_heads=2"]]
+    # A fixed-width arm (2 × 32 = 4 × 16 = 64), and a row that swept no head count: unnamed.
+    rows = [{"d_k": 32, "override:model.num_heads": 2}, {"d_k": 16, "override:model.num_heads": 4},
+            {"d_k": 16, "override:model.num_heads": ""}]
+    assert [plot_groups.arms(rows)(r) for r in rows] == [["width 64"], ["width 64"], [""]]
+
+
+def test_a_cell_two_arms_share_is_drawn_once_without_small_multiples():
+    shared, own = [{"name": "a"}], [{"name": "b"}]
+    series = {("p", "arm 1", 16): shared, ("p", "arm 2", 16): shared, ("p", "arm 2", 32): own}
+    names = lambda members: tuple(r["name"] for r in members)  # noqa: E731
+    once = plot_groups.drop_repeats(series, plot_groups.Grid((16, 32), (None,)), names)
+    assert list(once) == [("p", "arm 1", 16), ("p", "arm 2", 32)]
+    split = plot_groups.Grid((16, 32), ("arm 1", "arm 2"))
+    assert plot_groups.drop_repeats(series, split, names) == series
+
+
+def test_where_every_lr_diverged_the_one_that_lasted_longest_is_drawn():
+    # Each LR's shortest-lived seed: 50 steps at 1e-3, 60 at 1e-2, 10 at 1e-1: 1e-2 lasted longest.
+    rows = [{"name": f"p,{lr},{s}", "policy": "p", "d_k": 16, "lr": lr, "seed": s,
+             "status": "diverged", "diverged_at_step": step, "final_val_bpb": None}
+            for lr, steps in ((1e-3, (50, 70)), (1e-2, (60, 65)), (1e-1, (10, 90)))
+            for s, step in enumerate(steps)]
+    chosen = plot_groups.chosen_runs([r["name"] for r in rows], rows)
+    assert {key: [run for run, _ in members] for key, members in chosen.items()} == {
+        ("p", "", 16): ["p,0.01,0", "p,0.01,1"]}

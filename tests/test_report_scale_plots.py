@@ -99,3 +99,17 @@ def test_summary_tables_the_final_learned_scale_of_each_policy(tmp_path):
         finals = [np.mean([scale_at(policy, s, i, STEPS[-1]) for i in (0, 1)]) for s in SEEDS]
         assert cells[policy].startswith(f"{np.mean(finals):.4f} ± "), cells
     assert set(cells) == {"learned", "learned:1.0"}
+
+
+def test_a_policy_that_diverged_at_every_d_k_is_only_its_marks():
+    rows = [{"name": f"{policy},{d_k},{seed}", "policy": policy, "d_k": d_k, "lr": 1e-3,
+             "seed": seed, "status": "diverged" if policy == "none" else "completed",
+             "final_val_bpb": None if policy == "none" else 3.0 + d_k / 1000 + seed / 100}
+            for policy in ("inv_sqrt_dk", "none") for d_k in (16, 32, 64) for seed in (0, 1)]
+    fig = report_plots.plot_final_vs_dk(rows)
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    drawn = {line.get_marker(): [int(x) for x in line.get_xdata()] for line in ax.lines
+             if line.get_marker() in ("o", "x")}
+    assert drawn == {"o": [16, 32, 64], "x": [16, 32, 64]}  # 1/√d_k's line; none's marks only
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "inv_sqrt_dk", "x (top edge): diverged"]

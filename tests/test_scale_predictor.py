@@ -7,6 +7,7 @@ import math
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -107,3 +108,34 @@ def test_an_elasticity_predicts_a_power_law_of_c():
                        "gpt2", elasticity={d: 0.5 for d in stars})
     assert [r.predicted for r in found.rows] == pytest.approx(list(stars.values()))
     assert found.target == pytest.approx(4.0) and found.holds
+
+
+def test_spearman_is_nan_where_scipys_is():
+    stats = require("scipy.stats")
+    for x, y in (([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]), ([1, 2, 3], [5, 5, 5])):  # a constant side
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy warns of the constant input
+            assert math.isnan(stats.spearmanr(x, y).statistic)
+        assert math.isnan(sp.spearman(x, y))
+    assert math.isnan(sp.spearman([1.0], [2.0]))  # one point has no rank correlation
+
+
+def test_predict_is_the_in_sample_prediction_at_the_target():
+    stars = {8: 0.5, 16: 0.4, 32: 0.25}
+    sigma1 = {8: 6.0, 16: 7.0, 32: 13.0}
+    found = sp.compare(sigma1, {d: _optimum(c, (c / 2, c * 2)) for d, c in stars.items()}, "x")
+    assert sp.predict(sigma1, found.target) == pytest.approx(
+        {r.d_k: r.predicted_in_sample for r in found.rows})
+    assert sp.predict({8: 4.0}, 2.0) == {8: 0.5}  # c* = T / σ₁
+
+
+def test_no_std_at_the_optimum_without_a_curve_or_a_value_at_every_c():
+    rows = [{"policy": policy, "d_k": 8, "lr": 1e-3, "seed": seed, "status": "completed",
+             "final_val_bpb": bpb, "final_logit_std": std}
+            for policy, bpb, std in (("c_inv_sqrt_dk:0.5", 3.0, 2.0), ("inv_sqrt_dk", 2.9, 4.0))
+            for seed in (0, 1)]
+    found = _optimum(0.7, (0.5, 1.0))
+    assert sp.std_at_optimum(rows, "fan_in", found, 16) is None  # no runs at d_k 16
+    for r in rows[:2]:  # c = 0.5 never logged its std
+        del r["final_logit_std"]
+    assert sp.std_at_optimum(rows, "fan_in", found, 8) is None

@@ -163,3 +163,20 @@ def test_fisher_exact_matches_scipy_on_many_tables():
     assert sig.fisher_exact_p(5, 6, 0, 24) < 1e-4  # five of six seeds failing against none of 24
     with pytest.raises(ValueError):
         sig.fisher_exact_p(7, 6, 0, 24)
+
+
+def test_special_functions_at_and_past_their_domains_edges():
+    # The tails at ±inf and nan, as scipy gives them.
+    for t in (math.inf, -math.inf, math.nan):
+        for df in (1, 5):
+            expected = scipy_stats.t.sf(t, df)
+            assert sig.t_sf(t, df) == pytest.approx(expected, nan_ok=True)
+    for x in (-0.1, 1.5, math.nan):  # outside [0, 1]: scipy's betainc is nan there
+        assert math.isnan(scipy_special.betainc(2.0, 3.0, x))
+        with pytest.raises(ValueError, match="x must be in"):
+            sig.regularized_beta(2.0, 3.0, x)
+    for confidence in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="confidence must be in"):
+            sig.wilson(1, 3, confidence)
+    with pytest.raises(ValueError, match="need 0 <= successes <= n"):
+        sig.wilson(4, 3)

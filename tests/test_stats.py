@@ -65,3 +65,14 @@ def test_decide_by_sign_of_the_interval():
     mixed = intervals.paired([1.0, 2.0, 1.5], [1.5, 1.4, 1.6])
     assert mixed.low < 0 < mixed.high
     assert intervals.decide(mixed) == intervals.UNRESOLVED
+
+
+def test_no_degrees_of_freedom_no_quantile_and_str_is_the_default_format():
+    for df in (0, -1):  # scipy's t.ppf is nan there: no interval can be formed
+        assert np.isnan(sps.t.ppf(0.975, df))
+        with pytest.raises(ValueError, match=f"degrees of freedom must be >= 1, got {df}"):
+            intervals.t_quantile(df)
+    got = intervals.mean_ci([1.0, 2.0, 3.0])
+    half = sps.t.ppf(0.975, 2) * np.std([1.0, 2.0, 3.0], ddof=1) / np.sqrt(3)
+    assert str(got) == f"2.000 ± {half:.3f} (n=3)"
+    assert str(intervals.mean_ci([4.0])) == "4.000 (n=1)"

@@ -169,6 +169,8 @@ def why_unsettled(found: located.Located) -> str | None:
     """Why `found` is not a location of c* (a bound, not an optimum), or None when it is."""
     if found.edge is not None:
         grid = found.grid
+        if len(grid) < 2:  # one c ran at this d_k: no curve over c, no next c to name
+            return f"only c = {grid[0]:g} was run at this d_k"
         beyond = grid[0] ** 2 / grid[1] if found.edge == "low" else grid[-1] ** 2 / grid[-2]
         return f"best c {found.best[0]:g} on the grid's {found.edge} edge (run c = {beyond:.3g})"
     if found.nuisance_edge:

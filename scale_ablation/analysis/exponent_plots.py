@@ -97,9 +97,10 @@ def plot_loss_vs_c(rows: list[dict], key: str = "final_val_bpb") -> Figure | Non
 
 
 def _clipped_ci(o: located.Located) -> tuple[float, float, bool]:
-    """c*'s interval with an end beyond the grid drawn at the grid's edge (and flagged)."""
+    """c*'s interval with an end beyond the grid drawn at the grid's edge (and flagged), never
+    past c* itself (an edge c* is its grid value's log rounded to 9 digits: a hair outside)."""
     low, high = o.ci
-    return max(low, o.grid[0]), min(high, o.grid[-1]), not o.bounded
+    return min(max(low, o.grid[0]), o.star), max(min(high, o.grid[-1]), o.star), not o.bounded
 
 
 def _tolerance_bars(ax, rows: list[dict], init: str, key: str, colour: str) -> None:
