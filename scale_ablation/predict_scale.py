@@ -118,7 +118,11 @@ def _comparison(found: sp.Comparison, name: str = "The predictor") -> list[str]:
 
 def _at_optimum(rows: list[dict], init: str) -> list[str]:
     """The post-scale std at the measured c* per d_k, read off the study that swept c."""
-    key = sp.SCALED if any(r.get(sp.SCALED) is not None for r in rows) else "final_logit_std"
+    # The logit sources' std where every run logged them; a study whose later passes logged
+    # them and earlier ones did not (dk_exponent_cpu's third) is read on final_logit_std alone.
+    mine = [r for r in rows if exponent.init_of(r) == init]
+    key = (sp.SCALED if mine and all(r.get(sp.SCALED) is not None for r in mine)
+           else "final_logit_std")
     fit = exponent.fit(rows, init)
     lines = [f"Post-scale std (`{key}`) at the measured c*, interpolated in log c between its "
              "grid's c (each at its best LR; the interval from c*'s draws):", ""]
