@@ -187,7 +187,8 @@ def test_the_studies_shapes_are_the_issues():
     assert described["dk_exponent"] == ("d_model 128, 2 layers, 4 heads × 32, seq 64, batch 16, "
                                         "400 steps")
     assert "seq 128, batch 16, 300 steps" in described["mup_transfer"]
-    assert described["headline"].startswith("d_model 128, 2 layers, 1 heads × 128, seq 128")
+    # The main job (issue 54): dk_exponent's model at q/k width 16, the same shape otherwise.
+    assert described["headline"] == described["dk_exponent"]
 
 
 def test_the_sweep_takes_its_arrangement_from_this_machines_table(tmp_path, points):

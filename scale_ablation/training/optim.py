@@ -98,10 +98,13 @@ def block_labels(params):
 def scale_by_adam(settings: OptimizerSettings) -> optax.GradientTransformation:
     """Adam's step, ε = ADAM_EPS; under CompleteP the residual blocks' with ε ×
     `depth_eps_multiplier`, as a second Adam over those parameters."""
-    plain = optax.scale_by_adam(b1=0.9, b2=0.95, eps=ADAM_EPS)
+    def adam(eps: float) -> optax.GradientTransformation:
+        return optax.scale_by_adam(b1=0.9, b2=0.95, eps=eps)
+
+    plain = adam(ADAM_EPS)
     if settings.depth_eps_multiplier == 1.0:
         return plain
-    blocks = optax.scale_by_adam(b1=0.9, b2=0.95, eps=ADAM_EPS * settings.depth_eps_multiplier)
+    blocks = adam(ADAM_EPS * settings.depth_eps_multiplier)
     return optax.multi_transform({"block": blocks, "other": plain}, block_labels)
 
 
