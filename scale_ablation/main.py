@@ -54,7 +54,8 @@ _HEARTBEAT = flags.DEFINE_integer(
     "Seconds after which a silent process counts as dead and the others stop with an error.")
 _SHUTDOWN = flags.DEFINE_integer(
     "shutdown_timeout", runtime.Cluster.shutdown_timeout,
-    "Seconds a finished process waits for the others to finish.")
+    "Seconds JAX's shutdown barrier waits at exit; a finished process first waits for every "
+    "live peer to finish (their heartbeats tell a slow peer from a dead one).")
 EXIT_CODES = {"completed": 0, "diverged": 0, "failed": 1, "preempted": 3}
 
 

@@ -7,6 +7,7 @@ the same call with JAX's own detection.
 """
 
 import subprocess
+import sys
 import threading
 import time
 
@@ -189,3 +190,74 @@ def test_the_clocks_restart_after_this_process_stood_still():
     assert watch.lost(121.0) is None
     watch.observe({1: "8"}, now=121.0)
     assert watch.lost(130.0) is None
+
+
+def watch_finishing(store, timeout=0.6):
+    ended = threading.Event()
+    watch = runtime.PeerWatch(store, 0, 2, timeout, period=0.05,
+                              end=lambda code: ended.set() or ended.__setattr__("code", code))
+    return watch, ended
+
+
+def beat_then(store, seconds, last):
+    """Peer 1 beating for `seconds`, then writing `last` (its done, or nothing: silence)."""
+    def peer():
+        for beat in range(int(seconds / 0.05)):
+            store.values["scale_ablation/heartbeat/1"] = str(beat)
+            time.sleep(0.05)
+        if last is not None:
+            store.values["scale_ablation/heartbeat/1"] = last
+    threading.Thread(target=peer, daemon=True).start()
+
+
+def test_a_finished_process_waits_for_a_slow_peer_to_finish_too(capsys):
+    """Its peer still beating, a finished process waits until the peer says it is done (here
+    five times the heartbeat timeout later), so that both reach JAX's shutdown barrier together;
+    then it leaves at once, with nothing printed."""
+    store = Store()
+    watch, ended = watch_finishing(store)
+    beat_then(store, 3.0, "done")
+    started = time.monotonic()
+    watch.stop()
+    assert 3.0 <= time.monotonic() - started <= 3.0 + 0.5
+    assert store.values["scale_ablation/heartbeat/0"] == "done"
+    assert not ended.is_set() and capsys.readouterr().err == ""
+
+
+def test_a_peer_lost_after_this_process_finished_ends_it_with_status_0(capsys):
+    """This process's runs are complete: one warning line, exit status 0, within the timeout."""
+    store = Store()
+    watch, ended = watch_finishing(store)
+    beat_then(store, 0.3, None)
+    started = time.monotonic()
+    watch.stop()
+    assert ended.code == 0 and time.monotonic() - started <= 0.3 + 0.6 + 0.5
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("warning: process 0: process 1 sent no heartbeat") and "\n" not in line
+
+
+END_LATE = """
+import sys, time
+from scale_ablation.training import runtime
+rank, port = int(sys.argv[1]), sys.argv[2]
+runtime.maybe_initialize("on", runtime.Cluster(f"127.0.0.1:{port}", 2, rank, 10, 3))
+if rank == 0:
+    time.sleep(8)  # a finish (W&B, checkpoints) this much slower than the peer's
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow  # two JAX processes, ~15 s
+def test_a_process_finishing_later_than_the_shutdown_timeout_still_exits_cleanly(tmp_path):
+    """JAX's shutdown barrier aborts both processes (SIGABRT, pages of C++ log) when one reaches
+    it more than --shutdown_timeout (3 s here) after the other (as it did before
+    `PeerWatch.stop` waited); `PeerWatch.stop` waits for a live peer first, so both exit 0."""
+    from test_multiprocess import environment, free_port
+
+    port = str(free_port())
+    processes = [subprocess.Popen([sys.executable, "-c", END_LATE, str(rank), port], cwd=REPO,
+                                  env=environment(1), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    results = [process.communicate(timeout=120) for process in processes]
+    for process, (out, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0 and out.strip() == "finished", err[-2000:]

@@ -30,8 +30,9 @@ class Cluster:
     heartbeat_timeout: seconds without a heartbeat after which a process counts as dead and
     the others stop with an error (JAX's default of 100 s leaves a dead peer's partners idle
     for minutes): `PeerWatch`'s bound; JAX's own, which aborts the process with pages of C++
-    log, is set to twice it, so that `PeerWatch` ends first. shutdown_timeout: seconds a
-    finishing process waits for the others.
+    log, is set to twice it, so that `PeerWatch` ends first. shutdown_timeout: seconds JAX's
+    shutdown barrier waits at exit, once `PeerWatch.stop` has seen every live process finish
+    (so they reach it together).
     """
 
     coordinator_address: str | None = None
@@ -101,8 +102,8 @@ def maybe_initialize(mode: str, cluster: Cluster | None = None) -> PeerWatch | N
     watch = PeerWatch(distributed.global_state.client, jax.process_index(), jax.process_count(),
                       cluster.heartbeat_timeout)
     watch.start()
-    # Registered after JAX's own shutdown, so run before it: a process that ends normally
-    # says so first, and its peers do not take its silence in the shutdown barrier for a hang.
+    # Registered after JAX's own shutdown, so run before it (and after W&B's and orbax's, later
+    # registered): a process that ends normally says so, then waits for its peers to say so.
     atexit.register(watch.stop)
     return watch
 
@@ -145,8 +146,9 @@ class PeerWatch:
     cannot be given: jaxlib cannot pass it the status). So each process writes a counter to
     JAX's key-value store every `period` seconds and reads the others': a peer whose counter has
     not moved for `timeout` seconds, or a coordinator that has not answered for as long, is
-    lost. A process that ends normally writes `_DONE` (`stop`). The members come from `record`,
-    a hook of every step. `end` is `os._exit` but in tests.
+    lost. A process that ends normally writes `_DONE` and waits for its live peers to write it
+    too (`stop`). The members come from `record`, a hook of every step. `end` is `os._exit` but
+    in tests.
     """
 
     def __init__(self, client: Any, rank: int, count: int, timeout: float,
@@ -155,6 +157,7 @@ class PeerWatch:
             client, rank, timeout, period, end)
         self.members: dict[int, Any] = {}
         self._stopping = threading.Event()
+        self._ended = threading.Event()  # `lose` ended this process (its `end`)
         self._lock = threading.Lock()
         now = time.monotonic()
         self._answered = now  # when the key-value store (the coordinator) last answered
@@ -171,11 +174,39 @@ class PeerWatch:
                              daemon=True).start()
 
     def stop(self) -> None:
-        """This process ends normally: stop watching and say so, waiting a few periods at
-        most (a hung coordinator must not hold up the exit)."""
+        """This process ends normally: stop watching, say so (a few periods at most: a hung
+        coordinator must not hold up the exit), then wait for the peers to say so too.
+
+        JAX's shutdown barrier, next at exit, aborts every process with pages of C++ log when
+        one reaches it more than its timeout after another (a slow W&B or checkpoint finish on
+        a loaded machine is enough), though every run's files are complete. Waiting here, where
+        a slow peer (still beating) is told from a dead one, lets all reach it together; a live
+        peer is waited for as long as it takes, as in every collective of training."""
         self._stopping.set()
         _bounded(lambda: self.client.key_value_set(f"{_HEARTBEATS}{self.rank}", _DONE,
                                                    allow_overwrite=True), 5 * self.period)
+        if not self._ended.is_set():
+            self.await_peers()
+
+    def await_peers(self) -> None:
+        """Until every peer has written `_DONE`. A peer lost meanwhile: one line and exit
+        status 0 (this process's runs are complete), skipping JAX's barrier, which would wait
+        for it and abort."""
+        waiting = list(self._moved)
+        while waiting:
+            entries = _bounded(lambda: self.client.key_value_dir_get(_HEARTBEATS), self.period)
+            if entries is not None:
+                self.observe({int(key.rsplit("/", 1)[-1]): value for key, value in entries},
+                             time.monotonic())
+            waiting = [peer for peer in self._moved if self._beats.get(peer) != _DONE]
+            if waiting and (reason := self.lost(time.monotonic())) is not None:
+                print(f"warning: process {self.rank}: {reason} after this process finished; "
+                      "its runs are complete, leaving without JAX's shutdown",
+                      file=sys.stderr, flush=True)
+                self._end(0)
+                return
+            if waiting:
+                time.sleep(self.period)
 
     def observe(self, beats: dict[int, str], now: float) -> None:
         """The peers' heartbeats (rank -> counter) as read at `now`."""
@@ -234,6 +265,7 @@ class PeerWatch:
         error = TimeoutError(reason)
         _bounded(lambda: self._record_failed(error), self.timeout / 2)
         print(f"error: {lost_peer_message(error)}", file=sys.stderr, flush=True)
+        self._ended.set()
         self._end(1)
 
     def _record_failed(self, error: Exception) -> None:
@@ -243,11 +275,19 @@ class PeerWatch:
                     member.fail(error)
 
 
-def _bounded(action: Callable[[], Any], seconds: float) -> None:
-    """`action()` in a daemon thread, waited for `seconds` at most."""
-    worker = threading.Thread(target=action, daemon=True)
+def _bounded(action: Callable[[], Any], seconds: float) -> Any:
+    """`action()` in a daemon thread, waited for `seconds` at most: its result, or None when
+    it did not return in time or raised."""
+    result = []
+
+    def attempt() -> None:
+        with contextlib.suppress(Exception):  # a failing store: its silence is what is judged
+            result.append(action())
+
+    worker = threading.Thread(target=attempt, daemon=True)
     worker.start()
     worker.join(seconds)
+    return result[0] if result else None
 
 
 CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
