@@ -34,12 +34,13 @@ the family's 15 tests; one policy's 3 of 3 against 0 of 3 is p = 0.1 and never c
 claims pool the policies and summary.md gives each policy's cells):
 - per d_k, float16 logits diverge in more runs than float32 logits (`Diverges` over the arms of
   `model.logits_dtype`, that d_k's runs alone). Its reason names the LRs where the counts
-  decide it; the LR at which float16 logits first diverge falling with d_k is the overflow
-  growing with d_k, read across the five verdicts: the claims module has no test across d_k
-  (a `Diverges` pairs counts at one d_k).
-- the growth as two computed verdicts (`Unstable` narrowed to `diverged`, float16 logits alone,
-  LR >= 3.48e-2, the LR and the d_k chosen from the calibration above): at the largest d_k
-  every such LR has a diverged run, and at the smallest one such LR has none.
+  decide it.
+- the overflow grows with d_k, as one test across the d_k (`Trend`): the share of float16-logit
+  runs at LR >= 3.48e-2 that diverge grows with d_k (both policies, both LRs and the seeds
+  pooled: 12 runs a d_k; the exact conditional trend test over the five d_k in order).
+- the growth at its two ends as computed verdicts (`Unstable` narrowed to `diverged`, float16
+  logits alone, LR >= 3.48e-2, the LR and the d_k chosen from the calibration above): at the
+  largest d_k every such LR has a diverged run, and at the smallest one such LR has none.
 Scale 1 starts with logit std √d_k under fan_in, ≥ 8 from d_k 64: the at-init rule
 (`analysis/at_init.py`) then marks those d_k's claims "partly decided at init". The arms the
 claims compare, the two logits dtypes, start identical (the dtype changes no parameter), so the
@@ -119,7 +120,13 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
         f"diverge with float16 logits than with float32 ones {how}", _at(overflow, qk_dim),
         source="article §3.3, pitfall 3") for qk_dim in qk_dims]
     diverged = ("diverged",)
+    growth = claims_lib.Arms(claims_lib.Trend("grows", ("activation",)),
+                             field="model.logits_dtype", policies=POLICIES, min_lr=growth_lr)
     out += [
+        claims_lib.Claim(
+            f"The overflow grows with d_k: the share of runs with float16 logits that diverge "
+            f"at learning rates >= {growth_lr:g} grows with d_k {how}", growth,
+            source="article §3.3"),
         claims_lib.Claim(
             f"The overflow grows with d_k: at d_k {qk_dims[-1]} float16 logits diverge at every "
             f"learning rate >= {growth_lr:g} {how}",

@@ -3,6 +3,7 @@ the expected numbers computed here independently (numpy/scipy, not `analysis.int
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -359,6 +360,48 @@ def test_diverges_at_three_seeds_each_is_not_decided():
     found = verdict(diverges("more", ("float16",), "float32"), rows)
     assert sps.fisher_exact([[3, 0], [0, 3]]).pvalue == pytest.approx(0.1)
     assert found.verdict == "inconclusive", found
+
+
+def trend_rows(diverged_by_dk: dict[int, int], runs: int = 6) -> list[dict]:
+    """float16-logit runs of two scale policies at one LR per d_k, `diverged_by_dk[d_k]` of each
+    policy's `runs` diverged; float32 runs beside them never do (Arms keeps them out)."""
+    rows = []
+    for d_k, k in diverged_by_dk.items():
+        for arm, policy, seed in itertools.product(("float16", "float32"), ("none", "inv_sqrt_dk"),
+                                                   range(runs)):
+            status = "diverged" if arm == "float16" and seed < k else "completed"
+            rows.append(row(policy, d_k, 3e-2, seed, status=status, **{
+                "override:model.logits_dtype": arm,
+                "final_val_bpb": None if status == "diverged" else 3.0}))
+    return rows
+
+
+def trend(expect):
+    return c.Arms(c.Trend(expect, ("float16",)), field="model.logits_dtype")
+
+
+def test_trend_decides_a_share_growing_with_d_k_by_the_exact_test():
+    rows = trend_rows({16: 0, 32: 1, 64: 3, 128: 5, 256: 6})
+    found = verdict(trend("grows"), rows)
+    counts = [(0, 12), (2, 12), (6, 12), (10, 12), (12, 12)]  # both policies per d_k
+    p = min(1.0, 2 * min(verdicts.significance.exact_trend_p(counts)))
+    assert found.verdict == "supported" and found.reason == "the share grows with d_k", found
+    assert found.numbers[0] == (
+        "float16, runs that diverged: d_k=16: 0 of 12; d_k=32: 2 of 12; d_k=64: 6 of 12; "
+        f"d_k=128: 10 of 12; d_k=256: 12 of 12; exact trend test p = {p:.3g}, Holm {p:.3g} "
+        "→ grows"), found
+    assert verdict(trend("falls"), rows).verdict == "contradicted"
+
+
+def test_trend_without_events_or_with_a_flat_share_is_inconclusive():
+    none = verdict(trend("grows"), trend_rows({16: 0, 64: 0, 256: 0}))
+    assert none.verdict == "inconclusive" and "no run diverged at any d_k" in none.reason, none
+    flat = verdict(trend("grows"), trend_rows({16: 2, 64: 2, 256: 2}))
+    assert flat.verdict == "inconclusive" and "not resolved" in flat.reason, flat
+    with pytest.raises(ValueError, match="grows or falls"):
+        c.Trend("more", ("float16",))
+    with pytest.raises(ValueError, match="unknown or no failure kinds"):
+        c.Trend("grows", ("float16",), kinds=("exploded",))
 
 
 def kinds_rows(init: str, failures_by_lr: dict[float, str]) -> list[dict]:

@@ -165,6 +165,36 @@ def test_fisher_exact_matches_scipy_on_many_tables():
         sig.fisher_exact_p(7, 6, 0, 24)
 
 
+def test_exact_trend_with_two_groups_is_the_hypergeometric_tail():
+    """Two groups: T is the second group's count, whose law given the margins is
+    hypergeometric; both tails against scipy's."""
+    for k1, n1, k2, n2 in [(0, 6, 6, 6), (3, 6, 3, 6), (1, 12, 9, 12), (5, 18, 0, 18), (0, 4, 0, 4)]:
+        total, events = n1 + n2, k1 + k2
+        upper, lower = sig.exact_trend_p([(k1, n1), (k2, n2)])
+        assert upper == pytest.approx(scipy_stats.hypergeom.sf(k2 - 1, total, events, n2))
+        assert lower == pytest.approx(scipy_stats.hypergeom.cdf(k2, total, events, n2))
+
+
+def test_exact_trend_matches_a_permutation_test_over_five_groups():
+    """Five d_k of 12 runs: the exact tails against 200,000 random placements of the same
+    events among the runs (within 4 standard errors of the Monte Carlo)."""
+    rng = np.random.default_rng(5)
+    for counts in ([0, 1, 3, 6, 9], [4, 2, 3, 1, 3], [0, 0, 0, 1, 0]):
+        groups = [(k, 12) for k in counts]
+        scores = np.repeat(np.arange(5), 12)  # (60,): each run's d_k rank
+        events = np.zeros(60)
+        events[:sum(counts)] = 1
+        observed = sum(score * k for score, k in enumerate(counts))
+        draws = np.array([scores @ rng.permutation(events) for _ in range(200_000)])
+        upper, lower = sig.exact_trend_p(groups)
+        for exact, sampled in ((upper, (draws >= observed).mean()),
+                               (lower, (draws <= observed).mean())):
+            se = math.sqrt(max(exact * (1 - exact), 1e-6) / len(draws))
+            assert abs(exact - sampled) <= 4 * se, (counts, exact, sampled)
+    with pytest.raises(ValueError):
+        sig.exact_trend_p([(3, 2), (0, 4)])
+
+
 def test_special_functions_at_and_past_their_domains_edges():
     # The tails at ±inf and nan, as scipy gives them.
     for t in (math.inf, -math.inf, math.nan):

@@ -33,14 +33,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis.claims import Compare, Counts, Diverges, Unstable, Verdict
+from scale_ablation.analysis.claims import Compare, Counts, Diverges, Trend, Unstable, Verdict
 
 COLLAPSED_ENTROPY = 0.2  # normalised: 1 is uniform attention, 0 one-hot
 LARGE_LOGIT_STD = 8.0  # e^8 ≈ 3000: one key outweighs the rest of a 64-key row from the start
 DECIDED_AT_INIT = "decided at init"
 PARTLY = "partly decided at init"
 ENTROPY, LOGIT_STD = "initial_entropy_normalised", "initial_logit_std"
-_ARM_RULES = (Compare, Unstable, Diverges, Counts)
+_ARM_RULES = (Compare, Unstable, Diverges, Counts, Trend)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +83,8 @@ def _deciding(arms: list[ArmAtInit], reference: str | None) -> tuple[list, int]:
     """(the collapsed arms that separate a comparison at step 0, how many comparisons there
     are). With a reference, each other arm is paired with the reference's arm of the same other
     settings and d_k: a pair counts when exactly one of the two starts collapsed (both collapsed
-    start alike: float16 against float32 logits under scale 1, say). Without one (`Unstable`),
-    every arm is compared on its own."""
+    start alike: float16 against float32 logits under scale 1, say). Without one (`Unstable`,
+    `Trend`), every arm is compared on its own."""
     if reference is None:
         return [a for a in arms if a.collapsed], len(arms)
     refs = {a.name[len(a.policy):]: a for a in arms if a.policy == reference}

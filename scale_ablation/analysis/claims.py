@@ -27,6 +27,10 @@ Counts: solved fractions for bimodal outcomes (MQAR), Wilson intervals and Fishe
 Diverges: how many runs diverged at each learning rate, the listed policies (or arms) against the
 reference, by Fisher's exact test.
 
+Trend: whether a failure kind (diverged, by default) becomes more (or less) frequent as d_k
+grows, over the listed policies' (or arms') runs, by the exact conditional trend test: one test
+across the d_k where Diverges and Unstable judge one d_k at a time.
+
 Within: a Compare, Unstable or Diverges rule over the runs with given overrides alone.
 Arms: a Compare, Unstable or Diverges rule whose "policies" are the values of one swept field
 (float32 against activation-dtype logits), restricted to runs with given overrides, scale
@@ -178,9 +182,38 @@ OPPOSITE_COUNT = {"more": "fewer", "fewer": "more"}
 
 
 @dataclasses.dataclass(frozen=True)
+class Trend:
+    """Whether the share of runs with a failure of `kinds` grows (or falls) with d_k: the
+    finished runs of the listed policies (or arms), every LR and seed among the rows together,
+    one group per d_k in increasing order, by the exact conditional trend test
+    (`significance.exact_trend_p`, scores the d_k's ranks). Narrow the LRs with `Arms.min_lr`
+    to where the failure can happen at all."""
+
+    expect: str  # "grows" | "falls"
+    policies: tuple[str, ...]
+    kinds: tuple[str, ...] = ("diverged",)
+
+    def __post_init__(self) -> None:
+        if self.expect not in ("grows", "falls"):
+            raise ValueError(f"Trend.expect must be grows or falls, got {self.expect!r}")
+        unknown = sorted(set(self.kinds) - set(failures.FAILURE_KINDS))
+        if not self.kinds or unknown:
+            raise ValueError(f"Trend.kinds: unknown or no failure kinds {unknown} "
+                             f"(known: {', '.join(failures.FAILURE_KINDS)})")
+
+    def describe(self) -> str:
+        named = " or ".join(k.replace("_", " ") for k in self.kinds)
+        return (f"supported if the share of runs of {quoted(self.policies)} that {named} "
+                f"{self.expect} with d_k (its runs at each d_k counted over LRs, scale policies "
+                "and seeds; the exact conditional trend test over the d_k in order, two-sided, "
+                "Holm-corrected over the study's family); contradicted if it is decided the "
+                f"other way; inconclusive if no run {named}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
     text: str  # the article's claim, in its words
-    rule: Compare | Unstable | Band | Arms | Within | Counts | Diverges
+    rule: Compare | Unstable | Band | Arms | Within | Counts | Diverges | Trend
     source: str = ""  # where it is made, e.g. "article §1"
 
 
@@ -236,7 +269,7 @@ class Arms:
     with every `where` override, of the listed scale `policies` (empty: all) and at LR >=
     `min_lr` take part."""
 
-    rule: Compare | Unstable | Diverges
+    rule: Compare | Unstable | Diverges | Trend
     field: str
     where: tuple[tuple[str, object], ...] = ()
     policies: tuple[str, ...] = ()
@@ -270,7 +303,7 @@ class Within:
     """A `Compare`, `Unstable` or `Diverges` rule over the runs with every `where` override
     alone (e.g. (("model.init", "gpt2"),): one init's runs), policies kept as they are."""
 
-    rule: Compare | Unstable | Diverges
+    rule: Compare | Unstable | Diverges | Trend
     where: tuple[tuple[str, object], ...]
 
     @property

@@ -25,6 +25,11 @@ Rules and conventions, stated once:
 - Wilson's score interval for a proportion (success rates over seeds): unlike the Wald interval
   it stays inside [0, 1] and keeps near-nominal coverage at n = 3-30 and rates near 0 or 1,
   which is where the seeds of a sweep sit.
+- A trend in proportions over ordered groups (`exact_trend_p`, the exact conditional form of
+  the Cochran-Armitage test): the statistic T = sum of score × events, with the groups' sizes
+  and the total of events fixed, has a distribution that needs no large-sample approximation
+  (the counts here are 0-18 a group); the one-sided p-values are its tails. Scores are the
+  groups' ranks (0, 1, 2, …: log2 d_k on a ×2 grid).
 - Fisher's exact test (two-sided) for two success rates: the sum of the hypergeometric
   probabilities of every table no more probable than the observed one, given the margins. A
   table counts as "no more probable" within a relative tolerance of 1e-7 (as R's fisher.test),
@@ -41,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections import defaultdict
 from collections.abc import Sequence
 
 ALPHA = 0.05
@@ -241,3 +247,28 @@ def fisher_exact_p(a_success: int, a_n: int, b_success: int, b_n: int) -> float:
     # w <= observed · (1 + tol), in integers: w · scale <= observed · (scale + 1).
     extreme = sum(w for w in weights.values() if w * scale <= observed * (scale + 1))
     return min(1.0, extreme / math.comb(total, a_n))
+
+
+def exact_trend_p(groups: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """(P(T >= observed), P(T <= observed)) for (events, runs) per group in score order: the
+    exact conditional trend test. Under no trend every way of placing the K events among the N
+    runs is equally likely, so a group's count x has weight C(n, x) and the counts' joint
+    weight is the product; a dynamic programme over the groups sums the weights by (events
+    placed, T). Both tails are exact integers over C(N, K)."""
+    if any(not 0 <= k <= n for k, n in groups):
+        raise ValueError(f"need 0 <= events <= runs in every group, got {list(groups)}")
+    total_events = sum(k for k, _ in groups)
+    observed = sum(score * k for score, (k, _) in enumerate(groups))
+    weights: dict[tuple[int, int], int] = {(0, 0): 1}  # (events placed, T) -> weight
+    for score, (_, n) in enumerate(groups):
+        grown: dict[tuple[int, int], int] = defaultdict(int)
+        for (placed, statistic), weight in weights.items():
+            for x in range(min(n, total_events - placed) + 1):
+                grown[(placed + x, statistic + score * x)] += weight * math.comb(n, x)
+        weights = grown
+    tails = [(statistic, w) for (placed, statistic), w in weights.items()
+             if placed == total_events]
+    whole = sum(w for _, w in tails)
+    upper = sum(w for statistic, w in tails if statistic >= observed)
+    lower = sum(w for statistic, w in tails if statistic <= observed)
+    return upper / whole, lower / whole

@@ -1,5 +1,6 @@
 """The family's tests, and the claim rules that count runs: `Counts` (solved fractions, MQAR)
-and `Diverges` (diverged runs per learning rate), both by Fisher's exact test. Their tests join
+and `Diverges` (diverged runs per learning rate), both by Fisher's exact test, and `Trend` (a
+failure's share across d_k) by the exact trend test. Their tests join
 the study's one Holm family in `verdicts.judge_family`, which states the rules.
 """
 
@@ -9,8 +10,15 @@ import math
 from collections import defaultdict
 
 from scale_ablation.analysis import comparisons as cmp
-from scale_ablation.analysis import intervals, significance
-from scale_ablation.analysis.claims import OPPOSITE, OPPOSITE_COUNT, Counts, Diverges, Verdict
+from scale_ablation.analysis import failures, intervals, significance
+from scale_ablation.analysis.claims import (
+    OPPOSITE,
+    OPPOSITE_COUNT,
+    Counts,
+    Diverges,
+    Trend,
+    Verdict,
+)
 
 ALPHA = significance.ALPHA
 
@@ -168,3 +176,41 @@ class Divergences(FisherCounts):
         return (f"{policy}, d_k={d_k}, lr={lr:.3g}: {k} of {n} diverged against "
                 f"{self.rule.reference} {k_ref} of {n_ref}; Fisher {p_text(self.fisher[i])} "
                 f"→ {self.decision(i)}")
+
+
+class Trending:
+    """A Trend rule: (runs with a failure of its kinds, finished runs) per d_k of its policies,
+    one two-sided exact trend test; the decision is the direction of the smaller tail."""
+
+    def __init__(self, rule: Trend, rows: list[dict]) -> None:
+        counts: dict = defaultdict(lambda: [0, 0])  # d_k -> [with the failure, finished]
+        for r in rows:
+            if r["policy"] in rule.policies and r["status"] in ("completed", "diverged"):
+                counts[r["d_k"]][0] += bool(set(failures.row_failures(r)) & set(rule.kinds))
+                counts[r["d_k"]][1] += 1
+        self.rule = rule
+        self.groups = [(d_k, *counts[d_k]) for d_k in sorted(counts)]
+        upper, lower = (significance.exact_trend_p([(k, n) for _, k, n in self.groups])
+                        if len(self.groups) >= 2 else (math.nan, math.nan))
+        self.direction = "grows" if upper <= lower else "falls"
+        self.test = Test(min(1.0, 2 * min(upper, lower)))
+
+    def tests(self) -> list[Test]:
+        return [] if math.isnan(self.test.p) else [self.test]
+
+    def verdict(self, caveats: list[str]) -> Verdict:
+        named = " or ".join(k.replace("_", " ") for k in self.rule.kinds)
+        shares = "; ".join(f"d_k={d_k}: {k} of {n}" for d_k, k, n in self.groups)
+        decided = self.direction if self.test.adjusted < ALPHA else intervals.UNRESOLVED
+        numbers = (f"{', '.join(self.rule.policies)}, runs that {named}: {shares}; exact trend "
+                   f"test {p_text(self.test)} → {decided}",)
+        if len(self.groups) < 2:
+            return Verdict("inconclusive", "fewer than two d_k to compare", numbers)
+        if not any(k for _, k, _ in self.groups):
+            return Verdict("inconclusive", f"no run {named} at any d_k: no share to follow",
+                           numbers)
+        if decided not in ("grows", "falls") or caveats:
+            return Verdict("inconclusive", "not resolved by the counts", numbers)
+        if decided != self.rule.expect:
+            return Verdict("contradicted", f"the share {decided} with d_k", numbers)
+        return Verdict("supported", f"the share {decided} with d_k", numbers)

@@ -30,6 +30,8 @@ The rules, stated once:
 - **Divergence counts** (`Diverges`): at each learning rate, the runs that diverged against the
   reference's at that LR, by Fisher's exact test; the claim is decided by the LRs whose adjusted
   p < ALPHA.
+- **A trend across d_k** (`Trend`): the share of runs with a failure kind per d_k, by the exact
+  conditional trend test (two-sided; the direction of its smaller tail decides).
 - **Choose on validation, report on test**: best learning rates are chosen on the validation
   metric, and comparisons use the test split's metric when every finished run has one
   (`comparisons.report_metric`); the numbers say which split they come from.
@@ -65,6 +67,7 @@ from scale_ablation.analysis.claims import (
     Compare,
     Counts,
     Diverges,
+    Trend,
     Unstable,
     Verdict,
     Within,
@@ -74,6 +77,7 @@ from scale_ablation.analysis.verdict_counts import (
     Counting,
     Divergences,
     Test,
+    Trending,
     p_text,
     split_of,
     unit_of,
@@ -88,8 +92,8 @@ EQUIVALENT = "equivalent"
 def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
     """What this sweep's design cannot support, computed from its rows (empty: nothing). One LR
     per setting is no limit for claims that compare each policy at an LR located before
-    (`Compare(at="own_lr")`) or count divergences per LR (`Diverges`), when every declared claim
-    is such a claim."""
+    (`Compare(at="own_lr")`) or count failures per LR or d_k (`Diverges`, `Trend`), when every
+    declared claim is such a claim."""
     out = []
     seeds: dict = defaultdict(set)
     for r in rows:
@@ -98,8 +102,8 @@ def limits(rows: list[dict], declared: Sequence[Claim] = ()) -> list[str]:
         out.append("one seed per setting: no confidence interval and no test can be formed")
     # Claims that need no LR grid: comparisons at LRs located before, and counts per LR.
     located = declared and all((isinstance(c.rule, Compare) and c.rule.at == "own_lr")
-                               or isinstance(c.rule, (Unstable, Diverges))
-                               or isinstance(getattr(c.rule, "rule", None), Diverges)
+                               or isinstance(c.rule, (Unstable, Diverges, Trend))
+                               or isinstance(getattr(c.rule, "rule", None), (Diverges, Trend))
                                for c in declared)
     if rows and not cmp.has_lr_grid(rows) and not located:
         out.append("one learning rate per setting: no policy is compared at its own best LR")
@@ -310,6 +314,8 @@ def judge_family(declared: Sequence[Claim], rows: list[dict]) -> list[Verdict]:
             parts.append(Counting(rule, claim_rows))
         elif isinstance(rule, Diverges):
             parts.append(Divergences(rule, claim_rows))
+        elif isinstance(rule, Trend):
+            parts.append(Trending(rule, claim_rows))
         else:
             parts.append((rule, claim_rows))
     _adjust([t for part in parts if hasattr(part, "tests") for t in part.tests()])
