@@ -8,8 +8,8 @@ r"""The coordinate check: mean |activation| per family against a scaled axis, pe
 `--widths` are the sizes along `--axis`: d_model (`width`, the default), the head dim of q/k/v
 (`head_dim`) or of q/k alone (`qk_dim`) at the config's d_model and heads, or the depth
 (`num_layers`, CompleteP's base the smallest). An arm is `PARAMETRIZATION[@ALPHA][:POLICY]`
-(`sp@0.5`: model.depth_alpha 0.5); a bare `mup` takes μP's `mup_inv_dk:<base d_k>` (the config's
-policy with `--keep_policy`), a bare `sp` the config's. Writes DIR/coord_check.json ({arm:
+(`sp@0.5`: model.depth_alpha 0.5); a bare `mup` takes μP's `mup_inv_dk:<base d_k>`, a bare
+`umup` u-μP's `inv_dk` (the config's policy with `--keep_policy`), a bare `sp` the config's. Writes DIR/coord_check.json ({arm:
 {size: {quantity: [step 1..N]}}}, means over seeds), DIR/<quantity>.png (value against size,
 one line per step, log-log; one panel per arm, as mup's `plot_coord_data`) and
 DIR/verdicts.json (per arm and quantity the slope of log value against log size at the last
@@ -44,10 +44,11 @@ _STEPS = flags.DEFINE_integer("steps", 10, "Train steps recorded per width.")
 _SEEDS = flags.DEFINE_integer("seeds", 3, "Seeds averaged per width.")
 _OUT = flags.DEFINE_string("out", None, "Output directory (created).")
 _PARAMS = flags.DEFINE_string("parametrizations", "sp,mup",
-                               "Arms, PARAMETRIZATION[@ALPHA][:POLICY] (sp or mup; ALPHA: "
+                               "Arms, PARAMETRIZATION[@ALPHA][:POLICY] (sp, mup or umup; ALPHA: "
                                "model.depth_alpha), comma-separated.")
 _KEEP_POLICY = flags.DEFINE_bool("keep_policy", False,
-                                 "Under mup, keep the config's policy (default: mup_inv_dk).")
+                                 "Under mup or umup, keep the config's policy (default: "
+                                 "mup_inv_dk, inv_dk).")
 
 
 def parse_args() -> tuple[list[int], list[str]]:

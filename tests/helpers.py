@@ -35,8 +35,8 @@ TINY_RUN = {
 
 # The oracles: packages that only the tests use, as independent references to compare against,
 # and the extra that installs each (pyproject.toml).
-ORACLE_EXTRAS = {"torch": "reference", "mup": "mup", "wandb_workspaces": "workspace",
-                 "scipy": "test"}
+ORACLE_EXTRAS = {"torch": "reference", "mup": "mup", "unit_scaling": "mup",
+                 "wandb_workspaces": "workspace", "scipy": "test"}
 
 
 def require(module: str) -> ModuleType:

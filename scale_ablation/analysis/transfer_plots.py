@@ -28,8 +28,8 @@ from scale_ablation.analysis import optimum, transfer
 from scale_ablation.analysis import plot_groups as groups
 from scale_ablation.analysis import plot_style as look
 
-NAMES = {"sp": "SP", "mup": "μP"}
-STYLES = {"sp": ("-", "o"), "mup": ("--", "s")}  # line style and marker per parametrisation
+NAMES = {"sp": "SP", "mup": "μP", "umup": "u-μP"}
+STYLES = {"sp": ("-", "o"), "mup": ("--", "s"), "umup": (":", "^")}  # line style, marker
 
 
 # The x-axis label and the figures' file names per transfer axis.

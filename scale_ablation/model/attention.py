@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from scale_ablation.model import blocked_attention, diagnostics
+from scale_ablation.model import blocked_attention, diagnostics, umup
 from scale_ablation.model.initializers import kernel_init
 from scale_ablation.model.policies import Params, ScaleContext, ScalePolicy, softmax_weights
 from scale_ablation.model.spec import ModelConfig
@@ -314,9 +314,8 @@ class SelfAttention(nnx.Module):
         out_init = kernel_init(model.init, residual_layers=model.num_layers)
         use_bias = model.init == "gpt2"  # GPT-2's projections have (zero-initialised) biases
 
-        def linear(fan_in, fan_out, init):
-            return nnx.Linear(fan_in, fan_out, use_bias=use_bias, kernel_init=init,
-                              dtype=model.compute_dtype, rngs=rngs)
+        def linear(fan_in, fan_out, init):  # u-μP's unit-scaled one under umup (umup.py)
+            return umup.linear(model, fan_in, fan_out, init, use_bias=use_bias, rngs=rngs)
 
         self.query = linear(model.d_model, qk_inner, qk_init)
         self.key = linear(model.d_model, qk_inner, qk_init)
@@ -336,6 +335,7 @@ class SelfAttention(nnx.Module):
         self.precision = tuple(model.attention_precision.items())  # hashable: graphdef static
         self.rotary = model.positions == "rotary"
         self.attention_impl = model.attention_impl
+        self.unit_scaled = umup.is_on(model)  # u-μP's rescaled output
 
     def __call__(
         self,
@@ -372,13 +372,13 @@ class SelfAttention(nnx.Module):
             # QK-clip reads each head's largest logit off the dense path's logits: no extra pass.
             return_internals=with_diagnostics or clip,
         )
-        stats = None
         if with_diagnostics or clip:
             result, internals = result
-        if with_diagnostics:
-            stats = self._stats(internals, params)
+        stats = self._stats(internals, params) if with_diagnostics else None
         if clip:  # the record (`MaxLogit`) is set by `qk_clip.after_step`
             self.sow(nnx.Intermediate, "step_max_logit", internals.max_logit)
+        if self.unit_scaled:  # × 1/σ of the output at its (traced) logit scale
+            result = umup.rescale_attention(result, self.base_scale[...], self.qk_dim)
         out = self.out(result.reshape(batch, seq, self.num_heads * self.head_dim))  # (B, T, C)
         return out, stats
 

@@ -14,7 +14,7 @@ import functools
 import jax
 from flax import nnx
 
-from scale_ablation.model import parametrization
+from scale_ablation.model import parametrization, umup
 from scale_ablation.model.lm import LanguageModel
 from scale_ablation.model.spec import ModelConfig
 
@@ -44,7 +44,10 @@ def _multipliers(model: ModelConfig, rule) -> tuple[tuple[str, float], ...]:
 @functools.cache
 def lr_multipliers(model: ModelConfig) -> tuple[tuple[str, float], ...]:
     """(keystr path, Adam LR multiplier) of each parameter whose multiplier is not 1: none under
-    sp; under μP the matrix-like ones and the output weights, base fan_in / fan_in."""
+    sp; under μP the matrix-like ones and the output weights, base fan_in / fan_in; under u-μP
+    its own absolute rules (`umup.lr_multipliers`, no base model)."""
+    if umup.is_on(model):
+        return umup.lr_multipliers(model, param_shapes(model))
     return _multipliers(model, parametrization.lr_multiplier)
 
 

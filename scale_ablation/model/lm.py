@@ -2,7 +2,8 @@
 
 Under `model.parametrization=mup` the token embedding's std, the readout's multiplier and the
 init of other output weights follow μP's rules (`scale_ablation.model.parametrization`); under
-`sp` none is touched. Under `model.depth_alpha` (CompleteP, `scale_ablation.model.depth`) each
+`sp` none is touched. Under `umup` (u-μP, `scale_ablation.model.umup`) the linear layers,
+embeddings, GELU, residual joins and the untied readout are unit-scaled. Under `model.depth_alpha` (CompleteP, `scale_ablation.model.depth`) each
 residual branch is multiplied by (L/L_base)^-α before it joins the stream; off, nothing is.
 `LanguageModel.coordinates` gives the mean |activation| of each family a coordinate check
 follows (`scale_ablation.training.coordinates`).
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from scale_ablation.model import depth, parametrization, policies
+from scale_ablation.model import depth, parametrization, policies, umup
 from scale_ablation.model.attention import SelfAttention
 from scale_ablation.model.initializers import gpt2_normal, kernel_init
 from scale_ablation.model.policies import ScalePolicy
@@ -37,7 +38,9 @@ def make_norm(kind: str, d_model: int, dtype, rngs: nnx.Rngs) -> nnx.Module:
 def embedding_init(model: ModelConfig) -> dict:
     """nnx.Embed's initialiser for the token embedding (also the tied output): GPT-2's N(0, 0.02)
     under `gpt2`, else nnx's default N(0, 1/d_model); under μP N(0, 1/base_d_model), the base
-    model's at every width (a vector-like parameter)."""
+    model's at every width (a vector-like parameter); under u-μP N(0, 1)."""
+    if umup.is_on(model):
+        return {"embedding_init": umup.unit_init()}
     if model.init == "gpt2":
         return {"embedding_init": gpt2_normal()}
     if parametrization.is_mup(model):
@@ -61,25 +64,30 @@ class Block(nnx.Module):
         d_model, dtype, stream = model.d_model, model.compute_dtype, model.stream_dtype
         self.post_norm = model.norm_position == "post"
         self.compute_dtype = dtype  # each sublayer's input is cast to it (the module docstring)
-        # CompleteP's m_L^-α on both branches (static; 1 when model.depth_alpha is off).
-        self.residual_multiplier = depth.residual_multiplier(model)
+        # (skip, branch) multipliers of the attention and the MLP branch as they join the stream:
+        # u-μP's, or CompleteP's m_L^-α on both branches (static; all 1 when both are off).
+        self.residual_weights = (umup.residual_weights(model, layer) if umup.is_on(model) else
+                                 ((1.0, depth.residual_multiplier(model)),) * 2)
+        self.gelu_scale = umup.GELU_SCALE if umup.is_on(model) else 1.0
         self.attention_norm = make_norm(model.norm, d_model, stream, rngs)
         # The layer's index: a policy's number may depend on it (`inv_layer`).
         self.attention = SelfAttention(model, policy, rngs=rngs, layer=layer)
         self.mlp_norm = make_norm(model.norm, d_model, stream, rngs)
         hidden = model.mlp_ratio * d_model
-        self.mlp_in = nnx.Linear(d_model, hidden, kernel_init=kernel_init(model.init),
-                                 dtype=dtype, rngs=rngs)
+        self.mlp_in = umup.linear(model, d_model, hidden, kernel_init(model.init), rngs=rngs)
         # The MLP output writes into the residual stream (GPT-2 scales it by depth).
-        self.mlp_out = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs, kernel_init=kernel_init(
+        self.mlp_out = umup.linear(model, hidden, d_model, rngs=rngs, kernel_init=kernel_init(
             model.init, residual_layers=model.num_layers))
 
     def mlp(self, x: jax.Array) -> jax.Array:
         hidden = self.mlp_in(x)
         # GELU in float32: in float16 the tanh form's derivative takes 3z², which overflows
         # for |z| >= 148 and makes the gradient NaN (inf · sech² = inf · 0) while the loss stays
-        # finite. A no-op for float32 compute.
-        return self.mlp_out(jax.nn.gelu(hidden.astype(jnp.float32)).astype(hidden.dtype))
+        # finite. A no-op for float32 compute. u-μP's unit-scaled GELU: × umup.GELU_SCALE.
+        activated = jax.nn.gelu(hidden.astype(jnp.float32))
+        if self.gelu_scale != 1.0:
+            activated = activated * self.gelu_scale
+        return self.mlp_out(activated.astype(hidden.dtype))
 
     def __call__(self, x, *, dropout_key=None, with_diagnostics=False, coords=None,
                  sow_max_logit=False):
@@ -107,17 +115,20 @@ class Block(nnx.Module):
             record("attn_output", attended), record("mlp_output", mlp_out)
             return self.mlp_norm(x + mlp_out), stats
         attended, stats = attention(self.attention_norm(x))
-        x = x + self.branch(attended)
+        x = self.join(x, attended, 0)
         mlp_out = mlp(self.mlp_norm(x))
-        # The branches' own outputs, before CompleteP's multiplier (nanoGPT-mup's hooks on the
-        # attention and MLP modules record the same).
+        # The branches' own outputs, before CompleteP's or u-μP's multipliers (nanoGPT-mup's hooks
+        # on the attention and MLP modules record the same).
         record("attn_output", attended), record("mlp_output", mlp_out)
-        return x + self.branch(mlp_out), stats
+        return self.join(x, mlp_out, 1), stats
 
-    def branch(self, out: jax.Array) -> jax.Array:
-        """A residual branch as it joins the stream: × m_L^-α under CompleteP (pre-norm only,
-        `depth.check`), untouched otherwise."""
-        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
+    def join(self, x: jax.Array, out: jax.Array, branch: int) -> jax.Array:
+        """The stream x after residual branch `branch` (0: attention, 1: MLP) joins it:
+        skip·x + weight·out, (1, m_L^-α) under CompleteP, u-μP's (1, τ)/√(1 + τ²) under u-μP
+        (pre-norm only, `depth.check`, `umup.check`); a multiplier of 1 is no operation."""
+        skip, weight = self.residual_weights[branch]
+        x = x if skip == 1.0 else x * skip
+        return x + (out if weight == 1.0 else out * weight)
 
 
 class LanguageModel(nnx.Module):
@@ -128,21 +139,31 @@ class LanguageModel(nnx.Module):
         self.compute_dtype = model.compute_dtype  # the readout's matmul
         self.embed = nnx.Embed(model.vocab_size, d_model, dtype=dtype, rngs=rngs,
                                **embedding_init(model))
+        position_init = umup.unit_init() if umup.is_on(model) else jax.nn.initializers.normal(0.02)
         self.position_embed = (
             nnx.Embed(model.max_seq_len, d_model, dtype=dtype, rngs=rngs,
-                      embedding_init=jax.nn.initializers.normal(0.02))
+                      embedding_init=position_init)
             if model.positions == "learned" else None
         )
+        # u-μP's unit-scaled add of the two embeddings (1: the plain sum).
+        self.embedding_sum = umup.EMBEDDING_SUM if umup.is_on(model) else 1.0
         self.blocks = nnx.List([Block(model, policies.get(spec), rngs=rngs, layer=layer)
                                 for layer, spec in enumerate(model.layer_policies)])
         # Post-norm blocks already end in a norm; a pre-norm stack needs one before the output.
         self.final_norm = (make_norm(model.norm, d_model, dtype, rngs)
                            if model.norm_position == "pre" else None)
-        # μP's zero-initialised readout (mup's MuReadout(readout_zero_init=True)) cannot be the
-        # embedding: untied, [d_model, vocab].
-        self.readout = (nnx.Param(jnp.zeros((d_model, model.vocab_size), jnp.float32))
-                        if model.readout_zero_init else None)
-        self.readout_multiplier = parametrization.readout_multiplier(model)  # static: 1 under sp
+        # μP's zero-initialised readout (mup's MuReadout(readout_zero_init=True)) and u-μP's
+        # N(0, 1) one (its LinearReadout) cannot be the embedding: untied, [d_model, vocab].
+        self.readout = self.untied_readout(model, rngs)
+        self.readout_multiplier = (umup.readout_multiplier(model) if umup.is_on(model) else
+                                   parametrization.readout_multiplier(model))  # 1 under sp
+
+    @staticmethod
+    def untied_readout(model: ModelConfig, rngs: nnx.Rngs) -> nnx.Param | None:
+        shape = (model.d_model, model.vocab_size)
+        if umup.is_on(model):
+            return nnx.Param(umup.unit_init()(rngs.params(), shape, jnp.float32))
+        return nnx.Param(jnp.zeros(shape, jnp.float32)) if model.readout_zero_init else None
 
     def __call__(
         self,
@@ -179,6 +200,7 @@ class LanguageModel(nnx.Module):
             coords["embedding"] = mean_abs(x)
         if self.position_embed is not None:
             x = x + self.position_embed(jnp.arange(seq_len))[None]
+            x = x if self.embedding_sum == 1.0 else x * self.embedding_sum
         layer_keys = (
             jax.random.split(dropout_key, len(self.blocks)) if dropout_key is not None
             else [None] * len(self.blocks)
@@ -196,7 +218,7 @@ class LanguageModel(nnx.Module):
 
     def readout_logits(self, x: jax.Array) -> jax.Array:
         """x [B, T, C] -> logits [B, T, vocab] float32: the tied embedding (or the untied
-        zero-initialised readout), its input times μP's 1/m_d (mup's MuReadout.forward)."""
+        readout), its input times μP's 1/m_d (mup's MuReadout.forward) or u-μP's 1/d_model."""
         x = x.astype(self.compute_dtype)  # a float32 stream meets the readout's matmul dtype
         if self.readout_multiplier != 1.0:
             x = x * self.readout_multiplier

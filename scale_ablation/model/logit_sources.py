@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from scale_ablation.model import umup
 from scale_ablation.model.attention import SelfAttention, apply_rotary, causal_mask, query_scale
 
 # A projection's weights: (kernel [C, H·D_qk], bias [H·D_qk] or None).
@@ -47,8 +48,13 @@ def attention_layers(model: nnx.Module) -> list[SelfAttention]:
 
 
 def _weights(linear: nnx.Linear) -> Projection:
-    bias = None if linear.bias is None else linear.bias.get_value()
-    return linear.kernel.get_value(), bias
+    """(kernel, bias) as the layer applies them: u-μP's forward multiplier folded in."""
+    factor = umup.forward_multiplier(linear)
+    kernel, bias = linear.kernel.get_value(), linear.bias
+    bias = None if bias is None else bias.get_value()
+    if factor == 1.0:
+        return kernel, bias
+    return kernel * factor, None if bias is None else bias * factor
 
 
 def initial_qk(model: nnx.Module) -> InitialQK:

@@ -2,6 +2,9 @@
 
 `sp` (standard): what the model has always done; nothing here changes it.
 
+`umup`: the unit-scaled μP of the unit-scaling package, with rules of its own and no base model
+(`scale_ablation.model.umup`); nothing below applies to it.
+
 `mup`: the Maximal Update Parametrisation for Adam as the `mup` package (microsoft/mup, Yang et
 al. 2022, "Tensor Programs V") defines it, relative to a base model (`model.base_d_model`,
 `model.base_head_dim`; 0: the model's own). At the base shape μP *is* SP; away from it, with
@@ -49,7 +52,7 @@ from scale_ablation.model import policies
 if TYPE_CHECKING:
     from scale_ablation.model.spec import ModelConfig
 
-PARAMETRIZATIONS = ("sp", "mup")
+PARAMETRIZATIONS = ("sp", "mup", "umup")
 
 
 def is_mup(model: ModelConfig) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from scale_ablation.errors import ConfigError
-from scale_ablation.model import depth, parametrization, policies
+from scale_ablation.model import depth, parametrization, policies, umup
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 INITS = ("fan_in", "xavier", "gpt2")  # model.init: see initializers.kernel_init
@@ -56,8 +56,8 @@ class ModelConfig:
     # the norms and the additions in float32 while the blocks' matmuls run in `dtype` (lm.py).
     residual_dtype: str = ""
     vocab_size: int = 256
-    # μP (model/parametrization.py): sp | mup, the base shape it is relative to (0: the model's
-    # own) and the readout's zero-initialised, untied option.
+    # μP (model/parametrization.py): sp | mup | umup (u-μP: model/umup.py), the base shape μP is
+    # relative to (0: the model's own) and the readout's zero-initialised, untied option.
     parametrization: str = "sp"
     base_d_model: int = 0
     base_head_dim: int = 0
@@ -89,7 +89,7 @@ class ModelConfig:
         choice("model.init", self.init, INITS)
         choice("model.attention_impl", self.attention_impl,
                ("reference", "fused", "blocked", "auto"))
-        for problem in (parametrization.check(self), depth.check(self)):
+        for problem in (parametrization.check(self), depth.check(self), umup.check(self)):
             if problem is not None:
                 raise ConfigError(problem)
         if len(self.layer_policies) != self.num_layers:
@@ -97,6 +97,8 @@ class ModelConfig:
                               f"model.num_layers={self.num_layers}")
         for layer, spec in enumerate(self.layer_policies):
             policy = policies.get(spec)  # ValueError naming the policy
+            if (problem := umup.check_policy(self, spec, policy)) is not None:
+                raise ConfigError(problem)
             try:
                 scale = self.base_scale(policy, layer)
             except (ArithmeticError, ValueError) as error:  # e.g. 1/ln(d_k) at d_k = 1

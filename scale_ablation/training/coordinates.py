@@ -14,8 +14,9 @@ Rules, stated once:
   width the config's d_model (μP's width multipliers are all 1 along it).
 - An arm is `PARAMETRIZATION[@ALPHA][:POLICY]`: `@ALPHA` sets `model.depth_alpha` (CompleteP,
   model/depth.py; `sp@1` is CompleteP at a fixed width, where μP is SP), without it the config's.
-  Without a policy, under μP the attention scale is μP's own `mup_inv_dk:<base d_k>` unless told
-  to keep the config's policy, and under SP the config's.
+  Without a policy, under μP the attention scale is μP's own `mup_inv_dk:<base d_k>` and under
+  u-μP u-μP's own `inv_dk` (mult/d_head, mult 1: `model.umup`) unless told to keep the config's
+  policy, and under SP the config's.
 - The learning rate is constant (no warmup; the schedule's cosine stretched over 10⁶ steps),
   as in mup's check. The value "at step t" is the forward pass on step t's batch before its
   update: step 1 is the initialisation.
@@ -38,6 +39,7 @@ from flax import nnx
 
 from scale_ablation.data import sources as data_lib
 from scale_ablation.errors import ConfigError
+from scale_ablation.model import umup
 from scale_ablation.training import optim, run_config, run_setup
 from scale_ablation.training import steps as steps_lib
 from scale_ablation.training.experiment_files import apply_overrides
@@ -100,8 +102,8 @@ def axis_config(config: ml_collections.ConfigDict, axis: str, size: int, arm: st
                   "train.steps": CONSTANT_LR_STEPS}
     if alpha is not None:
         overrides["model.depth_alpha"] = alpha
-    if policy is None and parametrization == "mup" and mup_attention:
-        policy = f"mup_inv_dk:{base_dk}"
+    if policy is None and mup_attention:
+        policy = {"mup": f"mup_inv_dk:{base_dk}", umup.NAME: umup.POLICY}.get(parametrization)
     if policy is not None:
         overrides |= {"policy": policy, "layer_policies": ""}
     out = apply_overrides(config, overrides)

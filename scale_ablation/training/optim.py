@@ -10,7 +10,9 @@ Under `model.parametrization=mup`, Adam's step of each matrix-like parameter is 
 base fan_in / fan_in (`scale_ablation.model.base_shapes`), before the weight decay: the mup
 package's `MuAdamW` divides such a group's lr by the width multiplier and multiplies its
 weight_decay by it, which leaves the decoupled decay lr·wd·p as it was. Under `sp` there is no
-such step at all: the optimiser (and its state) is the one it always was.
+such step at all: the optimiser (and its state) is the one it always was. Under `umup` (u-μP,
+`scale_ablation.model.umup`) the same step takes u-μP's absolute multipliers (a weight's
+fan_in^-½, × L^-½ inside the blocks), the decay again left as it is.
 
 Under `model.depth_alpha` (CompleteP, `scale_ablation.model.depth`) every parameter inside a
 residual block takes AdamW's whole update (Adam's step and the decay) × m_L^(α-1), after the decay,

@@ -125,7 +125,7 @@ FIELDS: tuple[Field, ...] = (
     _f("model.attention_impl", "str", "attention kernel",
        choices=("reference", "fused", "blocked", "auto")),
     _f("model.parametrization", "str", "width rules of init, readout and LRs "
-       "(model/parametrization.py)", choices=("sp", "mup")),
+       "(model/parametrization.py; umup: model/umup.py)", choices=("sp", "mup", "umup")),
     _f("model.base_d_model", "int", "μP's base width (0: the model's own d_model)", low=0),
     _f("model.base_head_dim", "int", "μP's base head dim (0: the model's own head_dim)", low=0),
     _f("model.readout_zero_init", "bool", "an untied readout initialised at zero (μP's option)"),
