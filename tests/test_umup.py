@@ -60,19 +60,22 @@ def torch_name(keystr: str) -> str:
         ".weight" if parts == ["readout"] else "")
 
 
-def oracle(model: ModelConfig, mult: float | None, names: dict[str, np.ndarray]):
-    """The same LM from unit_scaling's modules and ops, float64, holding `names`' weights."""
+def package_norm(model: ModelConfig):
+    uu = require("unit_scaling")
+    if model.norm == "rmsnorm":
+        return uu.RMSNorm(model.d_model, eps=1e-6, elementwise_affine=True)  # nnx's ε
+    return uu.LayerNorm(model.d_model, eps=1e-6, elementwise_affine=True)
+
+
+def package_block(model: ModelConfig, mult: float | None, index: int):
+    """Block `index` of our pre-norm LM from unit_scaling's modules and ops: the package's
+    residual split/add with its default rule's τ, its attention at `mult`, its GELU."""
     torch = require("torch")
     uu = require("unit_scaling")
     U = require("unit_scaling.functional")
     rule = require("unit_scaling.core.functional").transformer_residual_scaling_rule()
     d, heads, dk, layers = model.d_model, model.num_heads, model.head_dim, model.num_layers
     kwargs = {} if mult is None else {"mult": mult}
-
-    def norm():
-        if model.norm == "rmsnorm":
-            return uu.RMSNorm(d, eps=1e-6, elementwise_affine=True)
-        return uu.LayerNorm(d, eps=1e-6, elementwise_affine=True)
 
     class Attention(torch.nn.Module):
         def __init__(self):
@@ -90,9 +93,9 @@ def oracle(model: ModelConfig, mult: float | None, names: dict[str, np.ndarray])
             return self.out(out.transpose(1, 2).reshape(b, t, heads * dk))
 
     class Block(torch.nn.Module):
-        def __init__(self, index):
+        def __init__(self):
             super().__init__()
-            self.attention_norm, self.mlp_norm = norm(), norm()
+            self.attention_norm, self.mlp_norm = package_norm(model), package_norm(model)
             self.attention = Attention()
             self.mlp_in = uu.Linear(d, model.mlp_ratio * d, bias=True)
             self.mlp_out = uu.Linear(model.mlp_ratio * d, d, bias=True)
@@ -105,14 +108,24 @@ def oracle(model: ModelConfig, mult: float | None, names: dict[str, np.ndarray])
             hidden = U.gelu(self.mlp_in(self.mlp_norm(residual)), approximate="tanh")
             return U.residual_add(self.mlp_out(hidden), skip, self.taus[1])
 
+    return Block()
+
+
+def oracle(model: ModelConfig, mult: float | None, names: dict[str, np.ndarray]):
+    """The same LM from unit_scaling's modules and ops, float64, holding `names`' weights."""
+    torch = require("torch")
+    uu = require("unit_scaling")
+    U = require("unit_scaling.functional")
+
     class LM(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = uu.Embedding(model.vocab_size, d)
-            self.position_embed = uu.Embedding(model.max_seq_len, d)
-            self.blocks = uu.DepthModuleList([Block(i) for i in range(layers)])
-            self.final_norm = norm()
-            self.readout = uu.LinearReadout(d, model.vocab_size)
+            self.embed = uu.Embedding(model.vocab_size, model.d_model)
+            self.position_embed = uu.Embedding(model.max_seq_len, model.d_model)
+            self.blocks = uu.DepthModuleList([package_block(model, mult, i)
+                                              for i in range(model.num_layers)])
+            self.final_norm = package_norm(model)
+            self.readout = uu.LinearReadout(model.d_model, model.vocab_size)
 
         def forward(self, tokens):
             x = U.add(self.embed(tokens), self.position_embed(torch.arange(tokens.shape[1])))
