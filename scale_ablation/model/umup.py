@@ -34,10 +34,11 @@ pass; the package's backward passes carry other scales (`scale_bwd`), which test
 measures to be one positive factor per parameter tensor, to which Adam's update is blind but for
 ε (1e-8). The package's backward keeps gradients near unit scale, ours do not: at init on
 umup_transfer's cpu model the smallest per-tensor gradient RMS (the last block's q/k kernels)
-is 1.1e-5 at width 64 and 5.6e-7 at 256, so ε is ~2% of Adam's denominator there and would
-rival it near width 2048; (2) weight decay stays this codebase's (lr·wd·p a step on matrices and embeddings, the
-multiplier on Adam's step alone): the package's default `independent_weight_decay` decays every
-parameter by wd·p alike, which is the same per-parameter law with our lr·wd as its wd. At a
+is 1.1e-5 at width 64 and 5.6e-7 at 256, so ε is ~2% of Adam's denominator there and, at
+that rate (÷19 per ×4 in width), would equal it near width 2048; (2) weight decay stays this
+codebase's (lr·wd·p a step, the multiplier on Adam's step alone, on matrices and embeddings
+only): the package's default `independent_weight_decay` decays every parameter, norms and
+biases too, by wd·p alike, the same per-parameter law with our lr·wd as its wd. At a
 sequence of one token the attention is its value row, unit-scaled already: multiplier 1 (the
 package's model is undefined there, log 1 = 0).
 
