@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import textwrap
 from types import ModuleType
 
@@ -91,6 +93,18 @@ def built_once(directory: pathlib.Path, build) -> pathlib.Path:
 
 def read_json(path) -> dict:
     return json.loads(pathlib.Path(path).read_text())
+
+
+def swept_runs(spec: str, workdir) -> list[tuple[dict, dict]]:
+    """`scale_ablation.sweep --config=SPEC --workdir=WORKDIR` run to its report (asserted to
+    succeed); (config, summary) of every run it finished, by run name."""
+    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
+                             f"--workdir={workdir}"], capture_output=True, text=True, cwd=REPO,
+                            timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [(read_json(run / "config.json"), read_json(run / "summary.json"))
+            for run in sorted(pathlib.Path(workdir).iterdir())
+            if (run / "summary.json").exists()]
 
 
 def snapshot(directory) -> dict[str, tuple]:

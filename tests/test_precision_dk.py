@@ -5,13 +5,10 @@ trains and reports end to end."""
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
-import sys
 
 import pytest
 import test_experiments
-from helpers import REPO
+from helpers import REPO, swept_runs
 
 from experiments import precision, precision_dk
 from scale_ablation.analysis import verdicts
@@ -123,17 +120,11 @@ def test_the_claims_contradict_an_overflow_that_does_not_grow():
 
 @pytest.mark.slow  # ~1 min: 16 runs in 4 ensembles
 def test_quick_sweep_trains_and_reports_its_claims(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep",
-                             f"--config={SPEC}:quick", f"--workdir={tmp_path}"],
-                            capture_output=True, text=True, cwd=REPO, timeout=1200)
-    assert result.returncode == 0, result.stderr[-2000:]
-    runs = sorted(p for p in tmp_path.iterdir() if (p / "summary.json").exists())
+    runs = swept_runs(f"{SPEC}:quick", tmp_path)
     assert len(runs) == len(precision_dk.sweep("quick"))
     seen = set()
-    for run in runs:
-        config = json.loads((run / "config.json").read_text())
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["status"] in ("completed", "diverged"), run.name
+    for config, summary in runs:
+        assert summary["status"] in ("completed", "diverged"), config["train"]
         assert (config["train"]["dtype"], config["model"]["residual_dtype"]) == (
             "float16", "float32")
         seen.add((config["model"]["qk_dim"], config["model"]["logits_dtype"]))

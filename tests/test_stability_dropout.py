@@ -5,15 +5,12 @@ quick sweep trains (the dropout acting) and reports end to end."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import test_experiments
-from helpers import REPO
+from helpers import REPO, swept_runs
 
 from experiments import stability, stability_dropout
 from scale_ablation.analysis import verdicts
@@ -116,15 +113,9 @@ def test_the_dropout_arm_is_paired_with_the_run_of_its_seed():
 
 @pytest.mark.slow  # ~40 s: 8 runs in 2 ensembles
 def test_quick_sweep_trains_and_reports_its_claims(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep",
-                             f"--config={SPEC}:quick", f"--workdir={tmp_path}"],
-                            capture_output=True, text=True, cwd=REPO, timeout=1200)
-    assert result.returncode == 0, result.stderr[-2000:]
     final = {}
-    for run in sorted(p for p in tmp_path.iterdir() if (p / "summary.json").exists()):
-        config = json.loads((run / "config.json").read_text())
-        summary = json.loads((run / "summary.json").read_text())
-        assert summary["status"] == "completed", run.name
+    for config, summary in swept_runs(f"{SPEC}:quick", tmp_path):
+        assert summary["status"] == "completed", config["train"]
         final[(config["policy"], config["model"]["attention_dropout"], config["train"]["lr"],
                config["train"]["seed"])] = summary["final_val_bpb"]
     assert set(final) == {(p["policy"], p["model.attention_dropout"], p["train.lr"],
