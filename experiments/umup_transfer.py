@@ -33,17 +33,15 @@ against its 70 s, so ~1.9 h under the usual load), default (one accelerator: wid
 per setting, 1 seed, 10 steps: 12 runs).
 """
 
-from experiments import base
+from experiments import base, mup_transfer
 from scale_ablation.analysis import claims as claims_lib
 from scale_ablation.analysis import transfer
 
 # (parametrisation, policy); μP's policy gets the base head dim (`policy_spec`).
 SETTINGS = (("mup", "mup_inv_dk"), ("umup", "inv_dk"), ("umup", "inv_sqrt_dk"))
-SIZES = {  # widths, heads, layers, steps, batch, seq_len, seeds
-    "quick": ((32, 64), 2, 1, 10, 4, 32, (0,)),
-    "cpu": ((64, 128, 256), 4, 2, 300, 16, 128, (0, 1)),
-    None: ((256, 512, 1024, 2048), 8, 4, 2000, 64, 256, base.ACCELERATOR_SEEDS),
-}
+SEEDS = {"quick": (0,), "cpu": (0, 1), None: base.ACCELERATOR_SEEDS}
+# (widths, heads): mup_transfer's, whose config this study takes.
+SIZES = {arg: (*mup_transfer.SIZES[arg][:2], SEEDS[arg]) for arg in SEEDS}
 # μP's grid: ×2 around the best LR mup_transfer_cpu located (8.4e-3 to 9.9e-3) at this shape.
 MUP_LRS = {"quick": (4e-3, 8e-3), "cpu": tuple(2e-3 * 2**k for k in range(5)),
            None: tuple(2.5e-4 * 2**k for k in range(8))}
@@ -57,25 +55,13 @@ UMUP_LRS = {"quick": (0.25, 0.5), "cpu": tuple(2.0 ** k for k in range(-4, 3)),
 
 def get_config(arg: str | None = None):
     base.check_variant(__file__, arg, ("quick", "cpu"))
-    widths, heads, layers, steps, batch, seq_len, _ = SIZES[arg]
-    config = base.get_config({None: "gpu"}.get(arg, arg))
+    # mup_transfer's model, widths, data and schedule: the arms alone differ (`sweep`).
+    config = mup_transfer.get_config(arg)
     config.wandb.tags = ("umup_transfer",)
-    m, t = config.model, config.train
-    m.d_model, m.num_heads, m.num_layers = widths[0], heads, layers
-    m.head_dim = widths[0] // heads
-    m.base_d_model, m.base_head_dim = widths[0], widths[0] // heads  # μP's; u-μP takes none
-    config.data.seq_len, config.data.val_batches = seq_len, 2 if arg else 8
-    t.steps, t.batch_size, t.warmup_steps = steps, batch, max(steps // 20, 1)
-    t.log_every, t.eval_every, t.diag_every = max(steps // 10, 1), steps, 0
-    config.checkpoint.every = steps
-    # The LRs are chosen on validation; a small test split keeps its one scoring cheap.
-    config.data.test_bytes = 0 if arg == "quick" else 16 * 1024 if arg == "cpu" else 256 * 1024
     return config
 
 
-def policy_spec(policy: str, arg: str | None) -> str:
-    base_head_dim = SIZES[arg][0][0] // SIZES[arg][1]
-    return f"mup_inv_dk:{base_head_dim}" if policy == "mup_inv_dk" else policy
+policy_spec = mup_transfer.policy_spec  # μP's policy at the base head dim of the same widths
 
 
 def lrs(parametrization: str, arg: str | None) -> tuple[float, ...]:
@@ -84,7 +70,7 @@ def lrs(parametrization: str, arg: str | None) -> tuple[float, ...]:
 
 
 def sweep(arg: str | None = None) -> list[dict]:
-    widths, heads, *_, seeds = SIZES[arg]
+    widths, heads, seeds = SIZES[arg]
     return [
         {"model.parametrization": parametrization, "policy": policy_spec(policy, arg),
          "model.d_model": width, "model.head_dim": width // heads, "train.lr": lr,

@@ -107,6 +107,18 @@ def swept_runs(spec: str, workdir) -> list[tuple[dict, dict]]:
             if (run / "summary.json").exists()]
 
 
+def swept_rows(spec: str, workdir) -> list[dict]:
+    """`scale_ablation.sweep` of SPEC without its report (asserted to succeed); the report's row
+    of every run."""
+    from scale_ablation import report
+
+    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
+                             f"--workdir={workdir}", "--report=false"], capture_output=True,
+                            text=True, cwd=REPO, timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [report.summarise_run(run) for run in report.load_runs(str(workdir))]
+
+
 def snapshot(directory) -> dict[str, tuple]:
     """Every file and folder under `directory`: (size, mtime_ns, sha256) for files, so that a
     test can show a command touched nothing."""

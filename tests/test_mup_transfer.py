@@ -2,11 +2,9 @@
 sweep end to end (every run completes; every setting gets a located optimum per width)."""
 
 import math
-import subprocess
-import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, swept_rows
 
 from experiments import mup_transfer
 from scale_ablation.analysis import transfer
@@ -85,13 +83,7 @@ def test_the_rule_takes_any_axis(axis):
 
 @pytest.mark.slow  # ~1-2 min; the transfer rule and plots are checked on synthetic rows
 def test_quick_width_sweep_runs_end_to_end(tmp_path):
-    spec = f"{REPO}/experiments/mup_transfer.py:quick"
-    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
-                             f"--workdir={tmp_path}", "--report=false"], capture_output=True,
-                            text=True, cwd=REPO, timeout=1200)
-    assert result.returncode == 0, result.stderr[-2000:]
-    from scale_ablation import report
-    rows = [report.summarise_run(run) for run in report.load_runs(str(tmp_path))]
+    rows = swept_rows(f"{REPO}/experiments/mup_transfer.py:quick", tmp_path)
     assert len(rows) == len(mup_transfer.sweep("quick"))
     assert all(r["status"] == "completed" for r in rows)
     found = transfer.optima(rows)

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, swept_rows
 
 from experiments import umup_transfer
 from scale_ablation.analysis import transfer
@@ -32,13 +32,7 @@ def test_each_parametrisation_runs_its_own_grid_at_every_width():
 
 @pytest.mark.slow  # ~20 s on 2 cores: 12 runs of 10 steps
 def test_quick_width_sweep_runs_end_to_end(tmp_path):
-    spec = f"{REPO}/experiments/umup_transfer.py:quick"
-    result = subprocess.run([sys.executable, "-m", "scale_ablation.sweep", f"--config={spec}",
-                             f"--workdir={tmp_path}", "--report=false"], capture_output=True,
-                            text=True, cwd=REPO, timeout=1200)
-    assert result.returncode == 0, result.stderr[-2000:]
-    from scale_ablation import report
-    rows = [report.summarise_run(run) for run in report.load_runs(str(tmp_path))]
+    rows = swept_rows(f"{REPO}/experiments/umup_transfer.py:quick", tmp_path)
     assert len(rows) == len(umup_transfer.sweep("quick"))
     assert all(r["status"] == "completed" for r in rows)
     found = transfer.optima(rows)
