@@ -196,8 +196,7 @@ class PeerWatch:
         while waiting:
             entries = _bounded(lambda: self.client.key_value_dir_get(_HEARTBEATS), self.period)
             if entries is not None:
-                self.observe({int(key.rsplit("/", 1)[-1]): value for key, value in entries},
-                             time.monotonic())
+                self.observe(_beats_of(entries), time.monotonic())
             waiting = [peer for peer in self._moved if self._beats.get(peer) != _DONE]
             if waiting and (reason := self.lost(time.monotonic())) is not None:
                 print(f"warning: process {self.rank}: {reason} after this process finished; "
@@ -244,8 +243,7 @@ class PeerWatch:
             except Exception:  # the store failing: its silence is what `lost` judges
                 self._stopping.wait(self.period)
                 continue
-            beats = {int(key.rsplit("/", 1)[-1]): value for key, value in entries}
-            self.observe(beats, time.monotonic())
+            self.observe(_beats_of(entries), time.monotonic())
             self._stopping.wait(self.period)
 
     def _check(self) -> None:
@@ -273,6 +271,11 @@ class PeerWatch:
             if member.summary is None:
                 with contextlib.suppress(Exception):
                     member.fail(error)
+
+
+def _beats_of(entries: list[tuple[str, str]]) -> dict[int, str]:
+    """The heartbeat directory's (key, value) entries as rank -> counter (or `_DONE`)."""
+    return {int(key.rsplit("/", 1)[-1]): value for key, value in entries}
 
 
 def _bounded(action: Callable[[], Any], seconds: float) -> Any:
