@@ -16,7 +16,9 @@ Variants: `cpu` (2 cores: widths 64-256, 4 heads, 2 layers, 300 steps of 16 × 1
 16 KiB test split; 7 LRs 2.5e-4..1.6e-2 (5, from 1e-3, at width 256: `LOWEST_LR`) × 2
 parametrisations × 3 policies × 2 seeds = 228 runs; measured on the 2-core VM, a group of 28
 runs took ~5 min at width 64 and ~19 min at width 128, one of 20 ~28 min at 256: ~2.7 h in all;
-`--refine` then added 82 runs in two rounds, ~1 h; published in experiments/results/mup_transfer_cpu). Why this size: a pilot of the earlier design (widths 64-512, 100 steps
+`--refine` then added 82 runs in two rounds, ~1 h; published in experiments/results/mup_transfer_cpu).
+Seeds 2-4 of the three claimed settings (`MORE_SEEDS`) add 171 runs at the grid's LRs and,
+through `--refine`'s fill, 54 at the 18 LRs refining added to those settings: ~2.6 h more. Why this size: a pilot of the earlier design (widths 64-512, 100 steps
 of 8 × 64 bytes, 192 of its 288 runs, 2026-12-01) ended every run between 3.65 and 4.8 bits per
 byte, above the bigram line (3.59): all `not_learning`, so its optima were those of a model
 that had not yet left the bigram plateau. On the base model 16 × 128-byte batches pass the
@@ -38,6 +40,13 @@ SIZES = {  # widths, heads, layers, steps, batch, seq_len, LR grid (×2), seeds
     None: ((256, 512, 1024, 2048), 8, 4, 2000, 64, 256, tuple(2.5e-4 * 2**k for k in range(8)),
            (0, 1, 2)),
 }
+
+# The settings the claims judge, and the seeds they get beyond SIZES' (variant -> seeds), at the
+# grid's LRs; `sweep --refine` then runs them at every refined LR too (`refine_grid.fill_seeds`).
+# Two seeds give a bootstrap over seeds three distinct resamples, and the μP-with-1/√d_k claim
+# held at ×1.99 against the ×2 margin on them: five decide it (issue 53 item 6).
+CLAIMED = (("mup", "mup_inv_dk"), ("sp", "inv_sqrt_dk"), ("mup", "inv_sqrt_dk"))
+MORE_SEEDS = {"cpu": (2, 3, 4)}
 
 # The cpu grid at width 256 starts at 1e-3. At widths 64 and 128 (the first 56 runs, 2026-12-01)
 # SP's best LR for 1/√d_k fell from 8e-3 to 4e-3 and no cell's best was below 2e-3, so 2.5e-4
@@ -72,6 +81,11 @@ def policy_spec(policy: str, arg: str | None) -> str:
 
 def sweep(arg: str | None = None) -> list[dict]:
     widths, heads, _, _, _, _, lrs, seeds = SIZES[arg]
+    more = MORE_SEEDS.get(arg, ())
+
+    def seeds_of(parametrization: str, policy: str) -> tuple[int, ...]:
+        return seeds + more if (parametrization, policy) in CLAIMED else seeds
+
     return [
         {"model.parametrization": parametrization, "policy": policy_spec(policy, arg),
          "model.d_model": width, "model.head_dim": width // heads, "train.lr": float(f"{lr:.3g}"),
@@ -80,21 +94,18 @@ def sweep(arg: str | None = None) -> list[dict]:
         for policy in POLICIES
         for width in widths
         for lr in lrs if lr >= LOWEST_LR.get((arg, width), 0.0)
-        for seed in seeds
+        for seed in seeds_of(parametrization, policy)
     ]
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     """The transfer claims of this study (each judged by `transfer.Transfer.judge`)."""
-    mup_1_over_dk = ("mup", policy_spec("mup_inv_dk", arg))
+    (mup_dk, sp_sqrt, mup_sqrt) = ((p, policy_spec(policy, arg)) for p, policy in CLAIMED)
     return [
         claims_lib.Claim("Under μP with 1/d_k the best learning rate is the same at every width",
-                         transfer.Transfer((mup_1_over_dk,), expect=True),
-                         source="Yang et al. 2022"),
+                         transfer.Transfer((mup_dk,), expect=True), source="Yang et al. 2022"),
         claims_lib.Claim("Under SP with 1/√d_k the best learning rate moves with width",
-                         transfer.Transfer((("sp", "inv_sqrt_dk"),), expect=False),
-                         source="Yang et al. 2022"),
+                         transfer.Transfer((sp_sqrt,), expect=False), source="Yang et al. 2022"),
         claims_lib.Claim("Under μP, 1/√d_k transfers too (the literature disagrees)",
-                         transfer.Transfer((("mup", "inv_sqrt_dk"),), expect=True),
-                         source="Lingle 2024"),
+                         transfer.Transfer((mup_sqrt,), expect=True), source="Lingle 2024"),
     ]

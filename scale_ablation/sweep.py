@@ -273,12 +273,13 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     return EXIT_INCOMPLETE if missing or not (reported and sweep_file.written) else 0
 
 
-def _curves(sweep_dir: str) -> tuple[list[optimum.CurveOptimum], list[str]]:
-    """Each setting's curve over the LR grid, as the report's best-LR table locates it, and a
-    line for each setting with one LR, which has no curve to refine."""
+def _curves(sweep_dir: str) -> tuple[list[optimum.CurveOptimum], list[str], list[dict]]:
+    """Each setting's curve over the LR grid, as the report's best-LR table locates it, a
+    line for each setting with one LR, which has no curve to refine, and the runs' rows."""
     rows = [report.summarise_run(run) for run in report.load_runs(sweep_dir)]
     key, higher = cmp.primary_metric(rows)
-    return optimum.curve_optima(rows, key, higher, n_boot=0), refine_grid.unrefinable(rows)
+    return (optimum.curve_optima(rows, key, higher, n_boot=0), refine_grid.unrefinable(rows),
+            rows)
 
 
 def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, ...],
@@ -290,21 +291,26 @@ def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, 
     while code != 3:  # preempted: rerun to continue
         done = len(refine_grid.read_rounds(sweep_dir))
         try:
-            curves, single = _curves(sweep_dir)
-            proposals = refine_grid.propose(curves, {p.name: p for p in points})
+            curves, single, rows = _curves(sweep_dir)
+            by_name = {p.name: p for p in points}
+            fills = refine_grid.fill_seeds(rows, by_name)
+            proposals = refine_grid.propose(curves, by_name)
         except ValueError as error:  # a run's files are damaged
             print(f"[refine] error: {error}", flush=True)
             return EXIT_INCOMPLETE
         for line in [*(proposal.line() for proposal in proposals), *single]:
             print(f"[refine] {line}", flush=True)
         added = [entry for proposal in proposals for entry in proposal.added]
-        if not added or done >= _REFINE_ROUNDS.value:
+        if fills:  # seeds first: a curve is located on the seeds every LR has
+            print(f"[refine] {refine_grid.fill_line(fills, rows)}", flush=True)
+        this_round = fills + ([] if done >= _REFINE_ROUNDS.value else added)
+        if not this_round:
             _print_refined(proposals, added, done, len(single))
             break
-        refine_grid.record_round(sweep_dir, added)
-        print(f"[refine] round {done + 1} of at most {_REFINE_ROUNDS.value}: {len(added)} runs "
-              f"added to {REFINED_FILE}", flush=True)
-        new = refine_grid.points_of(added, points)
+        refine_grid.record_round(sweep_dir, this_round)
+        print(f"[refine] round {done + 1}: {len(this_round)} runs added to {REFINED_FILE} "
+              f"(at most {_REFINE_ROUNDS.value} rounds add LRs)", flush=True)
+        new = refine_grid.points_of(this_round, points)
         points += new
         try:
             owned.update(hold_runs(sweep_dir, new))

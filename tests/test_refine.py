@@ -10,6 +10,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -80,12 +81,13 @@ def files(tmp_path_factory) -> pathlib.Path:
 
 
 def refine(root: pathlib.Path, sweep_dir: pathlib.Path, *flags: str,
-           stop_after: int | None = None) -> subprocess.CompletedProcess:
+           stop_after: int | None = None,
+           config: str = "experiment.py") -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled"}
     if stop_after is not None:
         env["FAKE_STOP_AFTER"] = str(stop_after)
     return subprocess.run(
-        [sys.executable, str(root / "driver.py"), str(root), f"--config={root / 'experiment.py'}",
+        [sys.executable, str(root / "driver.py"), str(root), f"--config={root / config}",
          f"--workdir={sweep_dir}", "--refine", *flags],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
@@ -100,7 +102,7 @@ def runs_on_disk(sweep_dir: pathlib.Path) -> dict[str, tuple[str, float, int]]:
     return out
 
 
-def assert_interior_and_bracketed(sweep_dir: pathlib.Path) -> None:
+def assert_interior_and_bracketed(sweep_dir: pathlib.Path, seeds: int = len(SEEDS)) -> None:
     """From the run files alone: per policy, every LR has every seed, the best mean loss is
     not at an end of the grid, and both neighbours are within ×√2 of it."""
     by_policy: dict[str, dict[float, list[float]]] = {}
@@ -109,7 +111,7 @@ def assert_interior_and_bracketed(sweep_dir: pathlib.Path) -> None:
         by_policy.setdefault(policy, {}).setdefault(lr, []).append(summary["final_val_bpb"])
     assert set(by_policy) == set(OPTIMA)
     for policy, by_lr in by_policy.items():
-        assert all(len(values) == len(SEEDS) for values in by_lr.values()), policy
+        assert all(len(values) == seeds for values in by_lr.values()), policy
         lrs = sorted(by_lr)
         best = min(range(len(lrs)), key=lambda i: sum(by_lr[lrs[i]]))
         assert 0 < best < len(lrs) - 1, (policy, lrs)
@@ -172,3 +174,29 @@ def test_a_stopped_refine_resumes_and_runs_each_point_once(files, refined):
     assert sorted(log) == sorted(runs_on_disk(sweep_dir))  # each run trained once
     again = refine(files, sweep_dir)
     assert again.returncode == 0 and (sweep_dir / "fake_runs.log").read_text().split() == log
+
+
+def test_seeds_added_to_a_refined_sweep_fill_every_lr_of_its_curves(files, refined):
+    """A seed added to the experiment file runs at the grid's LRs; --refine then runs it at
+    the refined LRs too, whatever --refine_rounds says, so that each curve is located on all
+    its seeds (else the new seed would be left out of every curve)."""
+    sweep_dir = files / "more_seeds"
+    shutil.copytree(refined[0], sweep_dir)
+    more = GRID + [{"policy": p, "train.lr": lr, "train.seed": 2} for p in OPTIMA for lr in LRS]
+    (files / "more_seeds.py").write_text(experiment_source(
+        "The synthetic grid with a third seed.",
+        {"train.steps": STEPS, "wandb.mode": "disabled"}, repr(more)))
+    before = runs_on_disk(sweep_dir)
+    result = refine(files, sweep_dir, "--refine_rounds=1", config="more_seeds.py")
+    assert result.returncode == 0, result.stdout + result.stderr
+    refined_lrs = {lr for (_, lr, _) in before.values()} - set(LRS)
+    fills = len({(p, lr) for (p, lr, _) in before.values() if lr not in LRS})  # one seed each
+    assert refined_lrs and f"[refine] {fills} runs complete the seed × LR grid of their " \
+        "curves (seed 2)" in result.stdout
+    seeds_at: dict[tuple[str, float], set[int]] = {}
+    for policy, lr, seed in runs_on_disk(sweep_dir).values():
+        seeds_at.setdefault((policy, lr), set()).add(seed)
+    assert all(seeds == {0, 1, 2} for seeds in seeds_at.values()), seeds_at
+    log = (sweep_dir / "fake_runs.log").read_text().split()
+    assert sorted(log) == sorted(runs_on_disk(sweep_dir))  # each run trained once
+    assert_interior_and_bracketed(sweep_dir, seeds=3)

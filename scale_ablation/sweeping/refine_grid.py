@@ -7,6 +7,13 @@ at the best LR with `train.lr` replaced (rounded to 6 significant digits, so tha
 stay readable). refined.json in the sweep directory records every round's points before they
 run, so that any later invocation of the sweep (with or without `--refine`) has them in its
 grid, a killed round resumes, and a finished point is never run again.
+
+Seeds added to a refined sweep (a larger seed list in the experiment file) run only at the
+grid's own LRs, so each curve would locate its optimum on the seeds every LR has, the old ones.
+`fill_seeds` completes every curve's seed × LR grid first: a seed that ran at some of a curve's
+LRs gets the rest, each a copy of that seed's own run with `train.lr` replaced. Fills are
+recorded as a round like any other and run whatever `--refine_rounds` says, since they add no
+LR, only the seeds the experiment asks for.
 """
 
 from __future__ import annotations
@@ -81,6 +88,36 @@ def propose(curves: list[optimum.CurveOptimum], points: dict[str, Point]) -> lis
                     added.append({"name": name, "overrides": overrides, "parent": parent.name})
         out.append(Proposal(curve, lrs, tuple(added)))
     return out
+
+
+def fill_seeds(rows: list[dict], points: dict[str, Point]) -> list[dict]:
+    """The runs that complete each curve's seed × LR grid ({"name", "overrides", "parent"} per
+    run, as `propose` makes them): for each seed run at some of a curve's LRs, a copy of one of
+    its runs at each LR it lacks, with the LR as the grid's own run there names it."""
+    added = []
+    for by_lr in cmp.curves(rows).values():
+        seeds_at = {lr: {r["seed"] for r in runs} for lr, runs in by_lr.items()}
+        own_run = {r["seed"]: r for runs in by_lr.values() for r in runs}  # seed -> one run
+        for lr, runs in by_lr.items():
+            grid_point = points.get(runs[0]["name"])
+            grid_lr = lr if grid_point is None else grid_point.overrides.get(LR_KEY, lr)
+            for seed in sorted(set(own_run) - seeds_at[lr]):
+                parent = points.get(own_run[seed]["name"])
+                if parent is None:  # a run directory the grid no longer has
+                    continue
+                overrides = {**parent.overrides, LR_KEY: grid_lr}
+                name = experiment.run_name(overrides)
+                if name not in points:
+                    added.append({"name": name, "overrides": overrides, "parent": parent.name})
+    return added
+
+
+def fill_line(added: list[dict], rows: list[dict]) -> str:
+    """What a fill adds, as one line."""
+    seed_of = {r["name"]: r["seed"] for r in rows}
+    seeds = sorted({seed_of[entry["parent"]] for entry in added})
+    return (f"{len(added)} runs complete the seed × LR grid of their curves "
+            f"(seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))})")
 
 
 def read_rounds(sweep_dir: str) -> list[list[dict]]:
