@@ -1,4 +1,8 @@
-r"""Where the benchmark config's train step spends its time: `python -m benchmarks.profile_step`.
+r"""Where a train step spends its time: `python -m benchmarks.profile_step [SHAPE]`.
+
+SHAPE is `benchmark` (the default: `benchmarks.run`'s model) or one of the studies' shapes of
+`benchmarks.arrangements.SHAPES` (dk_exponent, mup_transfer, headline), whose config is the
+study's own at the settings named there.
 
 Each part of the step is jitted alone on the step's own shapes and timed forward and backward
 (the optimiser: one update), then multiplied by how often the step runs it:
@@ -88,8 +92,27 @@ def breakdown(config, reps: int = 5) -> dict:
     return out
 
 
-def main() -> int:
-    result = breakdown(bench.benchmark_config())
+def config_of(shape: str):
+    """The config of SHAPE, None if there is no such shape."""
+    from benchmarks import arrangements
+
+    if shape == "benchmark":
+        return bench.benchmark_config()
+    return arrangements.shape_config(shape) if shape in arrangements.SHAPES else None
+
+
+def main(argv: list[str]) -> int:
+    from benchmarks import arrangements
+
+    shape = argv[1] if len(argv) > 1 else "benchmark"
+    config = config_of(shape) if len(argv) <= 2 else None
+    if config is None:
+        print(f"profile_step: takes one shape, from {['benchmark', *arrangements.SHAPES]}; "
+              f"got {' '.join(argv[1:])!r}", file=sys.stderr)
+        return 2
+    result = breakdown(config)
+    print(f"shape {shape}: batch {config.train.batch_size} × seq {config.data.seq_len}, "
+          f"d_model {config.model.d_model}, {config.model.num_layers} layers")
     print(f"step {result['step_seconds'] * 1e3:.1f} ms, matmul peak "
           f"{result['matmul_peak_gflops']:.1f} GFLOP/s")
     for name, part in result["parts"].items():
@@ -102,4 +125,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv))
