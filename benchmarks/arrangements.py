@@ -15,7 +15,9 @@ seq 128, batch 16, 300 steps) and the main job (experiments/headline.py: 1 head 
 batch 16, 500 steps). Arrangements, for P in `--processes`: one process on every core (threads
 not pinned); P processes each pinned to cores/P cores of its own (`os.sched_setaffinity` before
 JAX starts: XLA sizes its thread pool by the mask; OpenMP and BLAS get cores/P threads); P
-processes not pinned (today's `--parallel=P`). In each, programs of K runs for K in `--members`:
+processes not pinned (today's `--parallel=P`); P pinned processes with YNNPACK's fusions off
+(`arrangements.NO_YNN` in their XLA_FLAGS, solo programs: what `--parallel` runs). In each,
+programs of K runs for K in `--members`:
 K = 1 the solo train step, K > 1 the sweep's ensemble program (`lax.map` over the members on a
 CPU) and the same members `vmap`ped. PyTorch: reference_gpt2's GPT-2 with nanoGPT's attention
 call (`benchmarks.vs_pytorch.torch_model`), eager, one process of `torch.set_num_threads(cores)`
@@ -288,17 +290,21 @@ def pinned(argv: list[str], cpus: frozenset[int] | None) -> list[str]:
     return [sys.executable, "-c", trampoline, *argv[1:]]
 
 
-def thread_env(threads: int) -> dict[str, str]:
-    """A worker's environment: W&B offline and quiet; OpenMP's and BLAS's threads `threads`."""
+def thread_env(threads: int, xla_flags: str = "") -> dict[str, str]:
+    """A worker's environment: W&B offline and quiet; OpenMP's and BLAS's threads `threads`;
+    `xla_flags` added to XLA_FLAGS (as the sweep adds `--process_xla_flags`)."""
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     if threads:
         env.update({name: str(threads) for name in arrangements.THREAD_VARIABLES})
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     return env
 
 
 def _spawn(spec: dict, cpus: frozenset[int] | None, threads: int, log) -> subprocess.Popen:
     argv = [sys.executable, "-m", "benchmarks.arrangements", f"--worker={json.dumps(spec)}"]
-    return subprocess.Popen(pinned(argv, cpus), cwd=REPO, env=thread_env(threads), text=True,
+    env = thread_env(threads, spec.get("xla_flags", ""))
+    return subprocess.Popen(pinned(argv, cpus), cwd=REPO, env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
 
 
@@ -348,39 +354,44 @@ def measure(spec: dict, processes: int, threads: int) -> list[list[dict]]:
                 log.close()
 
 
-def families(cores: int, processes: list[int]) -> list[tuple[str, int, int]]:
-    """(side, processes, threads) of every arrangement measured: one process on every core
-    (threads not pinned), P pinned processes of cores/P, and P not pinned (JAX only)."""
-    out = [("jax", 1, 0), ("torch", 1, 0)]
+def families(cores: int, processes: list[int]) -> list[tuple[str, int, int, str]]:
+    """(side, processes, threads, XLA flags) of every arrangement measured: one process on every
+    core (threads not pinned), P pinned processes of cores/P, with YNN's fusions and without,
+    and P not pinned (JAX only)."""
+    out = [("jax", 1, 0, ""), ("torch", 1, 0, "")]
     for p in processes:
         if p > 1:
-            out += [("jax", p, cores // p), ("torch", p, cores // p), ("jax", p, 0)]
+            out += [("jax", p, cores // p, ""), ("jax", p, cores // p, arrangements.NO_YNN),
+                    ("torch", p, cores // p, ""), ("jax", p, 0, "")]
     return out
 
 
-def measurements(side: str, processes: int, threads: int, members: list[int]) -> list[dict]:
+def measurements(side: str, processes: int, threads: int, members: list[int],
+                 xla_flags: str = "") -> list[dict]:
     """The programs an arrangement is measured with: K = 1, then each K > 1 by lax.map and
-    vmap (JAX; a not-pinned `--parallel` runs solo runs only); PyTorch's one model."""
+    vmap (JAX; a not-pinned `--parallel`, or one given XLA flags, runs solo runs only);
+    PyTorch's one model."""
     if side == "torch":
         return [{"kind": "step", "members": 1, "program": "torch"}]
     solo = [{"kind": "step", "members": 1, "program": "solo"}]
-    if processes > 1 and threads == 0:
+    if processes > 1 and (threads == 0 or xla_flags):
         return solo
     return solo + [{"kind": "step", "members": k, "program": program}
                    for program in ("map", "vmap") for k in members if k > 1]
 
 
-def step_rows(shape: str, side: str, processes: int, threads: int, args) -> list[dict]:
+def step_rows(shape: str, side: str, processes: int, threads: int, xla_flags: str,
+              args) -> list[dict]:
     """One round of one arrangement family at one shape: a row per measurement."""
-    todo = measurements(side, processes, threads, args.members)
+    todo = measurements(side, processes, threads, args.members, xla_flags)
     spec = {"side": side, "shape": shape, "quick": args.quick, "window": args.window,
-            "threads": threads or args.cores, "measurements": todo}
+            "threads": threads or args.cores, "measurements": todo, "xla_flags": xla_flags}
     rows = []
     for wanted, results in zip(todo, measure(spec, processes, threads), strict=True):
         run_steps = sum(r["calls"] * wanted["members"] / r["seconds"] for r in results)
         rows.append({"shape": shape, "side": side, "processes": processes, "threads": threads,
                      "members": wanted["members"], "program": wanted["program"],
-                     "run_steps_per_s": run_steps,
+                     "xla_flags": xla_flags, "run_steps_per_s": run_steps,
                      "compile_s" if side == "jax" else "build_s":
                          statistics.median(r["number"] for r in results)})
     return rows
@@ -406,7 +417,8 @@ def in_process_overhead(shape: str, members: int, args) -> float:
     return result["seconds"]
 
 
-def process_overhead(shape: str, processes: int, threads: int, args) -> float:
+def process_overhead(shape: str, processes: int, threads: int, args,
+                     xla_flags: str = "") -> float:
     """Median wall seconds of a short `scale_ablation.main` run, `processes` at once (pinned
     to `threads` cores each, or not), the second of two rounds (the cache then loaded)."""
     from scale_ablation.training import experiment_files as experiment
@@ -422,7 +434,7 @@ def process_overhead(shape: str, processes: int, threads: int, args) -> float:
                         f"--workdir={tmp}/{attempt}_{i}", *experiment.override_flags(overrides)]
                 with open(f"{tmp}/{attempt}_{i}.log", "w") as log:
                     running.append(subprocess.Popen(
-                        pinned(argv, cpus), cwd=REPO, env=thread_env(threads),
+                        pinned(argv, cpus), cwd=REPO, env=thread_env(threads, xla_flags),
                         stdout=log, stderr=subprocess.STDOUT))
             walls = _exit_times(running, started)
             for i, process in enumerate(running):
@@ -449,7 +461,7 @@ def median_rows(rounds: list[list[dict]]) -> list[dict]:
     for rows in rounds:
         for row in rows:
             key = (row["shape"], row["side"], row["processes"], row["threads"], row["members"],
-                   row["program"])
+                   row["program"], row.get("xla_flags", ""))
             by_key.setdefault(key, []).append(row)
     out = []
     for rows in by_key.values():
@@ -472,11 +484,12 @@ def annotate(rows: list[dict], shapes: dict, peak_gflops: float) -> None:
         row["runs_per_hour_steps_only"] = 3600 * row["run_steps_per_s"] / shape["steps"]
 
 
-def _rate(rows: list[dict], shape: str, processes: int, threads: int, members: int) -> float:
+def _rate(rows: list[dict], shape: str, processes: int, threads: int, members: int,
+          xla_flags: str = "") -> float:
     """Run-steps/s of the sweep's program (solo or lax.map) in one arrangement."""
     return next(r["run_steps_per_s"] for r in rows if r["shape"] == shape and r["side"] == "jax"
-                and (r["processes"], r["threads"], r["members"]) == (processes, threads, members)
-                and r["program"] in ("solo", "map"))
+                and (r["processes"], r["threads"], r["members"], r.get("xla_flags", ""))
+                == (processes, threads, members, xla_flags) and r["program"] in ("solo", "map"))
 
 
 def overhead_rows(shapes: dict, rows: list[dict], args) -> list[dict]:
@@ -490,11 +503,13 @@ def overhead_rows(shapes: dict, rows: list[dict], args) -> list[dict]:
                         "members": members, "flops_per_token": shape["flops_per_token"],
                         "short_run_s": wall, "run_overhead_s": max(0.0, (wall - steps) / members)})
         for p in args.processes:
-            for threads in ((args.cores // p, 0) if p > 1 else ()):
-                wall = process_overhead(name, p, threads, args)
-                steps = SHORT_STEPS * p / _rate(rows, name, p, threads, 1)
+            pinned_cores = args.cores // p
+            variants = ((pinned_cores, ""), (pinned_cores, arrangements.NO_YNN), (0, ""))
+            for threads, xla_flags in (variants if p > 1 else ()):
+                wall = process_overhead(name, p, threads, args, xla_flags)
+                steps = SHORT_STEPS * p / _rate(rows, name, p, threads, 1, xla_flags)
                 out.append({"shape": name, "runner": "process", "processes": p,
-                            "threads": threads, "members": 1,
+                            "threads": threads, "xla_flags": xla_flags, "members": 1,
                             "flops_per_token": shape["flops_per_token"], "short_run_s": wall,
                             "run_overhead_s": max(0.0, wall - steps)})
     return out
@@ -584,7 +599,8 @@ def best_lines(rows: list[dict]) -> list[str]:
 
 def label(row: dict) -> str:
     threads = f"×{row['threads']}t" if row["threads"] else " unpinned"
-    return (f"{row['side']} {row['processes']}p{threads} K={row['members']} "
+    no_ynn = " noYNN" if row.get("xla_flags") == arrangements.NO_YNN else ""
+    return (f"{row['side']} {row['processes']}p{threads}{no_ynn} K={row['members']} "
             f"{row['program']}")
 
 
@@ -615,12 +631,12 @@ def compare(args) -> dict:
         rows = []
         order = args.shapes if round_index % 2 == 0 else args.shapes[::-1]
         for shape in order:
-            for side, processes, threads in families(cores, args.processes):
+            for side, processes, threads, xla_flags in families(cores, args.processes):
                 if side == "torch" and not args.torch:
                     continue
-                rows += step_rows(shape, side, processes, threads, args)
+                rows += step_rows(shape, side, processes, threads, xla_flags, args)
                 print(f"  round {round_index} {shape} {side} {processes}p×{threads or 'all'}"
-                      f" ({uptime()})", flush=True)
+                      f"{' noYNN' * bool(xla_flags)} ({uptime()})", flush=True)
         rounds.append(rows)
     rows = median_rows(rounds)
     peak_after = peaks(cores, min(1.0, args.window))

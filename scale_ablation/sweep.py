@@ -18,11 +18,11 @@ at each setting of its other keys (`experiment.with_policies`). `--plan` prints 
 still to run cost on `--device` and exits; `--budget_hours` refuses a sweep over it (exit 2),
 both writing nothing (`scale_ablation.sweeping.planner`).
 
-On a CPU, a sweep given none of `--parallel`, `--noensemble`, `--max_members` and
-`--threads_per_process` takes them from the arrangement table measured for this CPU model and
-core count (`python -m benchmarks.arrangements`; `scale_ablation.sweeping.arrangements`), when
-it predicts another arrangement 10% faster than the default, and prints which; `--plan` then
-uses that arrangement's measured rate.
+On a CPU, a sweep given none of `--parallel`, `--noensemble`, `--max_members`,
+`--threads_per_process` and `--process_xla_flags` takes them from the arrangement table measured
+for this CPU model and core count (`python -m benchmarks.arrangements`;
+`scale_ablation.sweeping.arrangements`) when it predicts another arrangement 10% faster than the
+default, and prints which; `--plan` then uses that arrangement's measured rate.
 
 `--refine` runs the sweep, then rounds that add learning rates at half the log spacing around
 each setting's best (one beyond it at a grid edge), one run per seed, until every setting's best
@@ -108,8 +108,10 @@ _THREADS = flags.DEFINE_integer(
     "threads_per_process", 0, "With --parallel > 1: pin each run's process to this many cores "
     "of its own (XLA's, OpenMP's and BLAS's threads follow the mask); 0: not pinned.",
     lower_bound=0)
+_XLA_FLAGS = flags.DEFINE_string(
+    "process_xla_flags", "", "With --parallel > 1: flags added to each run process's XLA_FLAGS.")
 # Given none of these, a sweep on a CPU takes them from this CPU's arrangement table.
-ARRANGEMENT_FLAGS = ("parallel", "ensemble", "max_members", "threads_per_process")
+ARRANGEMENT_FLAGS = ("parallel", "ensemble", "max_members", "threads_per_process", "process_xla_flags")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _EXTEND = flags.DEFINE_bool(
     "extend", False, "Continue runs trained with other train.steps, train.warmup_steps or "
@@ -193,14 +195,14 @@ def _arrangement(todo: list[Point]) -> arrangements.Arrangement:
     (printed, and set in the flags the runners read)."""
     if any(flags.FLAGS[name].present for name in ARRANGEMENT_FLAGS) or not todo:
         return arrangements.from_flags(_PARALLEL.value, _ENSEMBLE.value, _MAX_MEMBERS.value,
-                                       _THREADS.value)
+                                       _THREADS.value, _XLA_FLAGS.value)
     choice = arrangements.choose_here(todo)
     if choice is None:  # no table for this CPU, or not on a CPU: today's default
         return arrangements.DEFAULT
     print(f"[sweep] {choice.line()}", flush=True)
     chosen = choice.arrangement
     flags.FLAGS.parallel, flags.FLAGS.threads_per_process = chosen.processes, chosen.threads
-    flags.FLAGS.max_members = chosen.members
+    flags.FLAGS.max_members, flags.FLAGS.process_xla_flags = chosen.members, chosen.xla_flags
     return chosen
 
 
@@ -258,7 +260,8 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
             with arrangements.pinned_children(_THREADS.value, _PARALLEL.value) as pinned:
                 complete = run_in_processes(
                     _CONFIG.value, sweep_dir, todo, progress, _PARALLEL.value, outcomes,
-                    _run_flags(imports), before_start=pinned(_hand_over(owned or {})))
+                    _run_flags(imports), before_start=pinned(_hand_over(owned or {})),
+                    xla_flags=_XLA_FLAGS.value)
     finally:
         sweep_file.write(outcomes)
     if not complete:
@@ -382,6 +385,8 @@ def check_flags() -> None:
     if flags.FLAGS["refine_rounds"].present and not _REFINE.value:
         raise ValueError("--refine_rounds is a limit on --refine's rounds: give --refine too")
     threads, parallel = _THREADS.value, _PARALLEL.value
+    if _XLA_FLAGS.value and parallel < 2:
+        raise ValueError("--process_xla_flags is for --parallel's processes: give --parallel=N")
     if threads and parallel < 2:
         raise ValueError("--threads_per_process pins --parallel's processes: give --parallel=N, "
                          "N > 1")

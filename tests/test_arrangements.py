@@ -21,7 +21,7 @@ from helpers import TINY_RUN, experiment_source
 from benchmarks import arrangements as bench
 from scale_ablation import sweep
 from scale_ablation.model.build import build_model
-from scale_ablation.sweeping import arrangements, planner
+from scale_ablation.sweeping import arrangements, planner, sweep_runners
 from scale_ablation.training.run_config import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,6 +62,29 @@ def test_a_table_with_known_rates_picks_the_known_best():
     assert choice.seconds == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 60e9)
     assert choice.default_seconds == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 44e9)
     assert "--parallel=2 --threads_per_process=1" in choice.line()
+
+
+def test_a_faster_family_with_xla_flags_is_picked_with_them():
+    """Pinned processes with YNN's fusions off, measured faster than with them, are picked,
+    and the sweep's flags carry the XLA flag; with them on, the family's rate is its own."""
+    no_ynn = {**row(2, 1, 1, "solo", 80e9), "xla_flags": arrangements.NO_YNN}
+    choice = arrangements.choose([GROUP], table([*KNOWN, no_ynn]))
+    assert choice.arrangement == arrangements.Arrangement(2, 1, 1, "solo", arrangements.NO_YNN)
+    assert choice.arrangement.flags()[-1] == f"--process_xla_flags={arrangements.NO_YNN}"
+    assert choice.seconds == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 80e9)
+    with_ynn = arrangements.seconds([GROUP], table([*KNOWN, no_ynn]),
+                                    arrangements.Arrangement(2, 1, 1, "solo"))
+    assert with_ynn == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 60e9)
+    # One process cannot take XLA flags: its XLA has started before the sweep chooses.
+    assert not arrangements.Arrangement(1, 0, 1, "solo", arrangements.NO_YNN).runnable
+
+
+def test_run_processes_get_the_xla_flags_after_their_own(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    env = sweep_runners.process_env(0, [], arrangements.NO_YNN)
+    assert env["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=8",
+                                        arrangements.NO_YNN]
+    assert sweep_runners.process_env(0, [])["XLA_FLAGS"] == os.environ["XLA_FLAGS"]
 
 
 def test_a_process_per_run_pays_its_start_up():

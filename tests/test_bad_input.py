@@ -158,6 +158,8 @@ def bad_invocations(tmp: pathlib.Path) -> list[tuple[str, list[str], str | tuple
         ("sweep", [*sweep_args, "--max_members=-1"], "max_members"),
         ("sweep", [*sweep_args, "--parallel=abc"], "parallel"),
         ("sweep", [*sweep_args, "--parallel=0"], "parallel"),
+        ("sweep", [*sweep_args, "--process_xla_flags=--xla_cpu_use_xnnpack=true"],
+         "process_xla_flags"),
         ("sweep", [*sweep_args, "--no_such_flag"], "no_such_flag"),
         ("sweep", [*sweep_args, "--config.train.steps=5"], "config.train.steps"),
         ("sweep", [*sweep_args, "extra"], "unexpected arguments: extra"),

@@ -6,7 +6,8 @@ An arrangement is P processes of T threads each, each stepping programs of K run
   - in this process, every core, K runs per program (`--max_members=K`; K = 0 is today's
     default, a group's runs all in one program, `lax.map` over them on a CPU);
   - P processes, one run each (`--parallel=P`), each pinned to T cores of its own
-    (`--threads_per_process=T`) or not pinned (T = 0).
+    (`--threads_per_process=T`) or not pinned (T = 0), their XLA given extra flags or not
+    (`--process_xla_flags`: `NO_YNN` is the one the table measures).
 
 The table is `benchmarks/results/arrangements_<cpu>_<cores>core_<date>.json` (or a folder named
 by $SCALE_ABLATION_ARRANGEMENTS; "off" reads none), found by this machine's CPU model string
@@ -42,6 +43,13 @@ TABLES_VARIABLE = "SCALE_ABLATION_ARRANGEMENTS"  # a folder of tables, or "off"
 MARGIN = 0.1  # another arrangement replaces the default only if predicted this much faster
 PROGRAMS = ("solo", "map", "vmap")  # a run alone; K runs by lax.map (the sweep's); by vmap
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# XLA's CPU backend hands dots and their neighbours to YNNPACK fusions by default. At the
+# studies' small shapes those fusions cost more than they save: dk_exponent:cpu's train step
+# took 37.2 ms with them and 29.8 ms without (2 threads; 64.4 and 53.6 ms on one pinned core),
+# the main job's 35.2 and 27.7, but mup_transfer:cpu's (seq 128) 75.3 and 97.3 (2-core EPYC,
+# 2026-12-06, `benchmarks/profile_step.py`'s shapes): so it is a measured choice per shape.
+# It can only be set before a process's XLA starts: the sweep gives it to --parallel processes.
+NO_YNN = "--xla_cpu_experimental_ynn_fusion_type="
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,11 +58,12 @@ class Arrangement:
     threads: int = 0  # cores each process is pinned to; 0: not pinned
     members: int = 0  # runs per program; 0: a group's runs all in one program
     program: str = "map"
+    xla_flags: str = ""  # added to XLA_FLAGS in each of the processes (P > 1 only)
 
     @property
     def runnable(self) -> bool:
         """Whether the sweep can run it: one process with ensembles, or one run a process."""
-        if self.program == "vmap":
+        if self.program == "vmap" or (self.xla_flags and self.processes == 1):
             return False  # the sweep's CPU ensembles are lax.map (steps.over_members)
         if self.processes == 1:
             return self.threads == 0
@@ -64,7 +73,8 @@ class Arrangement:
         """The sweep's flags that give this arrangement."""
         if self.processes > 1:
             return [f"--parallel={self.processes}",
-                    *([f"--threads_per_process={self.threads}"] * bool(self.threads))]
+                    *([f"--threads_per_process={self.threads}"] * bool(self.threads)),
+                    *([f"--process_xla_flags={self.xla_flags}"] * bool(self.xla_flags))]
         return [f"--max_members={self.members}"]
 
     def describe(self) -> str:
@@ -73,7 +83,9 @@ class Arrangement:
         members = {0: f"a group's runs as one program ({self.program})",
                    1: "one run a program"}.get(self.members,
                                                f"{self.members} runs a program ({self.program})")
-        return f"{self.processes} process{'es' * (self.processes > 1)}, {threads}, {members}"
+        xla = f", XLA flags {self.xla_flags}" if self.xla_flags else ""
+        return (f"{self.processes} process{'es' * (self.processes > 1)}, {threads}, "
+                f"{members}{xla}")
 
 
 DEFAULT = Arrangement()  # today's: this process, a group's runs as one lax.map program
@@ -81,14 +93,16 @@ DEFAULT = Arrangement()  # today's: this process, a group's runs as one lax.map 
 
 def of_entry(entry: dict) -> Arrangement:
     """The arrangement a table row measured (members as measured)."""
-    return Arrangement(entry["processes"], entry["threads"], entry["members"], entry["program"])
+    return Arrangement(entry["processes"], entry["threads"], entry["members"], entry["program"],
+                       entry.get("xla_flags", ""))
 
 
 def same_family(entry: dict, arrangement: Arrangement) -> bool:
     """Whether `entry` measured `arrangement` at some member count. A program of one run is
     the solo program in every family (a group's last, smaller program can be one)."""
-    if entry.get("side", "jax") != "jax" or (entry["processes"], entry["threads"]) != (
-            arrangement.processes, arrangement.threads):
+    if entry.get("side", "jax") != "jax" or (
+            entry["processes"], entry["threads"], entry.get("xla_flags", "")) != (
+            arrangement.processes, arrangement.threads, arrangement.xla_flags):
         return False
     if entry["members"] == 1:
         return True
@@ -158,7 +172,8 @@ def run_overhead(table: dict, arrangement: Arrangement, flops_per_token: float,
     runner = "process" if arrangement.processes > 1 else "in_process"
     rows = [row for row in table.get("overheads", []) if row["runner"] == runner
             and row["processes"] == arrangement.processes
-            and row["threads"] == arrangement.threads]
+            and row["threads"] == arrangement.threads
+            and row.get("xla_flags", "") == arrangement.xla_flags]
     if not rows:
         return 0.0
     row = nearest(rows, flops_per_token, members)
@@ -286,10 +301,11 @@ def planner_table(table: dict, arrangement: Arrangement) -> dict | None:
             "max_members": cap, "entries": entries}
 
 
-def from_flags(parallel: int, ensemble: bool, max_members: int, threads: int) -> Arrangement:
+def from_flags(parallel: int, ensemble: bool, max_members: int, threads: int,
+               xla_flags: str = "") -> Arrangement:
     """The arrangement the sweep's own flags give."""
     if parallel > 1:
-        return Arrangement(parallel, threads, 1, "solo")
+        return Arrangement(parallel, threads, 1, "solo", xla_flags)
     return Arrangement(1, 0, max_members if ensemble else 1, "map")
 
 

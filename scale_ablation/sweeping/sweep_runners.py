@@ -222,21 +222,26 @@ def visible_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(result.stdout.splitlines()) if line.startswith("GPU ")]
 
 
-def process_env(slot: int, gpus: list[str]) -> dict[str, str]:
+def process_env(slot: int, gpus: list[str], xla_flags: str = "") -> dict[str, str]:
     """The environment of the run in `slot`: its own GPU, so that N processes on an N-GPU node
-    do not all land on GPU 0 (slots share GPUs round-robin when there are fewer GPUs)."""
+    do not all land on GPU 0 (slots share GPUs round-robin when there are fewer GPUs), and
+    `xla_flags` after any XLA_FLAGS of this process's."""
     env = dict(os.environ)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     return env
 
 
 def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Progress,
                      parallel: int, outcomes: dict[str, str] | None = None,
                      run_flags: RunFlags = RunFlags(),
-                     before_start: Callable[[Point], None] | None = None) -> bool:
-    """Run `todo` in `parallel` processes; False if preempted. `before_start(point)` runs
-    just before a point's process starts (the sweep hands over its run directory's lock)."""
+                     before_start: Callable[[Point], None] | None = None,
+                     xla_flags: str = "") -> bool:
+    """Run `todo` in `parallel` processes (`xla_flags` added to their XLA_FLAGS); False if
+    preempted. `before_start(point)` runs just before a point's process starts (the sweep
+    hands over its run directory's lock)."""
     pending, running = list(todo), {}
     free_slots, gpus = list(range(parallel)), visible_gpus()
     preempted = False
@@ -249,7 +254,8 @@ def run_in_processes(spec: str, sweep_dir: str, todo: list[Point], progress: Pro
                 log = open(os.path.join(sweep_dir, f"{point.name}.log"), "ab")  # noqa: SIM115
                 process = subprocess.Popen(command(spec, sweep_dir, point, run_flags),
                                            stdout=log,
-                                           stderr=subprocess.STDOUT, env=process_env(slot, gpus))
+                                           stderr=subprocess.STDOUT,
+                                           env=process_env(slot, gpus, xla_flags))
                 running[point.name] = (process, point, log, slot)
                 progress.show(running=len(running))
             time.sleep(0.5)

@@ -63,7 +63,8 @@ def train_tokens(source: Any) -> int | None:
 
 
 def environment() -> dict[str, Any]:
-    """Package versions, the git commit (and whether the tree had changes) and the devices."""
+    """Package versions, the git commit (and whether the tree had changes), the devices and
+    the XLA flags they ran under (a sweep's arrangement may add some: `--process_xla_flags`)."""
     versions = {}
     for name in PACKAGES:
         try:
@@ -74,7 +75,7 @@ def environment() -> dict[str, Any]:
     # The host's CPUs too: on a CPU the device is the host, and its speed is their number's.
     return {"versions": versions, **_git_state(), "device_kind": device.device_kind,
             "device_count": jax.device_count(), "process_count": jax.process_count(),
-            "host_cpus": _host_cpus()}
+            "host_cpus": _host_cpus(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def _host_cpus() -> int | None:
