@@ -369,15 +369,16 @@ def families(cores: int, processes: list[int]) -> list[tuple[str, int, int, str]
 def measurements(side: str, processes: int, threads: int, members: list[int],
                  xla_flags: str = "") -> list[dict]:
     """The programs an arrangement is measured with: K = 1, then each K > 1 by lax.map and
-    vmap (JAX; a not-pinned `--parallel`, or one given XLA flags, runs solo runs only);
-    PyTorch's one model."""
+    vmap (JAX; a not-pinned `--parallel` runs solo runs only, and pinned processes given XLA
+    flags skip vmap, slower on a CPU at every shape measured); PyTorch's one model."""
     if side == "torch":
         return [{"kind": "step", "members": 1, "program": "torch"}]
     solo = [{"kind": "step", "members": 1, "program": "solo"}]
-    if processes > 1 and (threads == 0 or xla_flags):
+    if processes > 1 and threads == 0:
         return solo
+    programs = ("map",) if xla_flags else ("map", "vmap")
     return solo + [{"kind": "step", "members": k, "program": program}
-                   for program in ("map", "vmap") for k in members if k > 1]
+                   for program in programs for k in members if k > 1]
 
 
 def step_rows(shape: str, side: str, processes: int, threads: int, xla_flags: str,

@@ -47,8 +47,17 @@ declare -A COMMAND=(
   [init_gain_cpu]="--config=experiments/init_gain.py:cpu --refine --refine_rounds=1"
   [norm_placement_cpu]="--config=experiments/norm_placement.py:cpu --refine --refine_rounds=1"
   [length_generalization_cpu]="--config=experiments/length_generalization.py:cpu --refine --refine_rounds=1"
+  # Issue 53 item 6: seeds 2-4 of the three claimed settings, at every LR refining added.
+  [mup_transfer_cpu]="--config=experiments/mup_transfer.py:cpu --refine"
+  # Issue 53 item 4: the 200-step half first (~7 CPU-hours); `:cpu` then adds the 1,600-step runs.
+  [dk_exponent_regime_cpu]="--config=experiments/dk_exponent_regime.py:cpu_short"
+  # Issue 55: the head-dim, depth and u-μP transfer studies.
+  [mup_head_dim_cpu]="--config=experiments/mup_head_dim.py:cpu --refine"
+  [completep_transfer_cpu]="--config=experiments/completep_transfer.py:cpu --refine"
+  [umup_transfer_cpu]="--config=experiments/umup_transfer.py:cpu --refine"
 )
-ORDER=(dk_exponent_cpu dk_sweep_cpu explode_or_oscillate_cpu precision_dk_cpu stability_dropout_cpu mqar_cpu
+ORDER=(mup_transfer_cpu dk_exponent_regime_cpu mup_head_dim_cpu completep_transfer_cpu umup_transfer_cpu
+       dk_exponent_cpu dk_sweep_cpu explode_or_oscillate_cpu precision_dk_cpu stability_dropout_cpu mqar_cpu
        lr_sensitivity_cpu learned_scale_cpu precision_cpu stability_cpu init_gain_cpu norm_placement_cpu
        length_generalization_cpu)
 POLL_SECONDS=${POLL_SECONDS:-60}
