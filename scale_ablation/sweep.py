@@ -1,16 +1,18 @@
 r"""Run an experiment's grid: one run directory per point, resumable, in-process or in parallel.
 
   python -m scale_ablation.sweep --config=experiments/dk_sweep.py:quick --workdir=runs/dk \
-      [--parallel=N [--threads_per_process=T]] [--noensemble] [--dry_run] [--extend] \
-      [--imports=my_policy.py] [--add_policies=SPEC,...] [--plan] [--budget_hours=H] [--device=H200]
-      [--refine [--refine_rounds=N]]
+      [--parallel=N | --workers=N [--threads_per_process=T]] [--noensemble] [--dry_run] \
+      [--extend] [--imports=my_policy.py] [--add_policies=SPEC,...] [--plan] [--budget_hours=H] \
+      [--device=H200] [--refine [--refine_rounds=N]]
 
 Runs execute in this process by default: on a CPU a short run spends more time importing JAX,
 compiling and starting W&B than training, and one process shares all of that (and the compiled
 programs) across the sweep. Runs that differ only in a scalar policy's value, the seed or the
 learning rate train together as one vmapped ensemble (`scale_ablation.training.ensemble`; each keeps its
 own run directory); `--noensemble` trains them one after another. `--parallel=N` runs N
-`scale_ablation.main` processes at once instead. Rerunning the command skips finished runs
+`scale_ablation.main` processes at once instead; `--workers=N` N processes (pinned to
+`--threads_per_process` cores each) that each train a share of the groups as ensembles
+(`scale_ablation.sweeping.workers`). Rerunning the command skips finished runs
 (completed or diverged) and resumes interrupted ones from their checkpoints. The report is
 written at the end. `--imports` imports user modules or files (their registered policies) here
 and in every process the sweep starts; `--add_policies` adds policy specs to the experiment's grid
@@ -18,7 +20,7 @@ at each setting of its other keys (`experiment.with_policies`). `--plan` prints 
 still to run cost on `--device` and exits; `--budget_hours` refuses a sweep over it (exit 2),
 both writing nothing (`scale_ablation.sweeping.planner`).
 
-On a CPU, a sweep given none of `--parallel`, `--noensemble`, `--max_members`,
+On a CPU, a sweep given none of `--parallel`, `--workers`, `--noensemble`, `--max_members`,
 `--threads_per_process` and `--process_xla_flags` takes them from the arrangement table measured
 for this CPU model and core count (`python -m benchmarks.arrangements`;
 `scale_ablation.sweeping.arrangements`) when it predicts another arrangement 10% faster than the
@@ -39,7 +41,6 @@ continue), 4 some run failed or is missing (listed at the top of report/summary.
 
 from __future__ import annotations
 
-import errno
 import logging as stdlib_logging
 import math
 import os
@@ -55,7 +56,7 @@ from scale_ablation.errors import ConfigError
 from scale_ablation.model import plugins
 from scale_ablation.records import checkpoints, jsonfiles, locking
 from scale_ablation.records.run_files import FINISHED
-from scale_ablation.sweeping import arrangements, plan_text, refine_grid, run_set
+from scale_ablation.sweeping import arrangements, closing, plan_text, refine_grid
 from scale_ablation.sweeping.progress import Progress
 from scale_ablation.sweeping.refine_grid import REFINED_FILE
 from scale_ablation.sweeping.sweep_grid import (  # noqa: F401 - the sweep's API
@@ -85,6 +86,7 @@ from scale_ablation.sweeping.sweep_runners import (  # noqa: F401 - the sweep's 
     run_in_processes,
     visible_gpus,
 )
+from scale_ablation.sweeping.workers import run_in_workers
 from scale_ablation.training import hooks, run_setup, runtime
 from scale_ablation.training.compile_log import CompileLog
 
@@ -92,6 +94,9 @@ _CONFIG = flags.DEFINE_string("config", None, "Experiment file, path.py[:variant
 _WORKDIR = flags.DEFINE_string("workdir", None, "Sweep directory; one subdirectory per run.")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "Runs at once; >1 uses one process per run.",
                                  lower_bound=1)
+_WORKERS = flags.DEFINE_integer(
+    "workers", 1, "Processes that each train a share of the sweep's groups as ensembles (at most "
+    "--max_members runs a program), pinned with --threads_per_process.", lower_bound=1)
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs and their commands, run nothing.")
 _REPORT = flags.DEFINE_bool("report", True, "Write the report when the sweep ends.")
 _ENSEMBLE = flags.DEFINE_bool(
@@ -111,7 +116,8 @@ _THREADS = flags.DEFINE_integer(
 _XLA_FLAGS = flags.DEFINE_string(
     "process_xla_flags", "", "With --parallel > 1: flags added to each run process's XLA_FLAGS.")
 # Given none of these, a sweep on a CPU takes them from this CPU's arrangement table.
-ARRANGEMENT_FLAGS = ("parallel", "ensemble", "max_members", "threads_per_process", "process_xla_flags")
+ARRANGEMENT_FLAGS = ("parallel", "workers", "ensemble", "max_members", "threads_per_process",
+                     "process_xla_flags")
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show W&B's own console lines (banners per run).")
 _EXTEND = flags.DEFINE_bool(
     "extend", False, "Continue runs trained with other train.steps, train.warmup_steps or "
@@ -195,13 +201,15 @@ def _arrangement(todo: list[Point]) -> arrangements.Arrangement:
     (printed, and set in the flags the runners read)."""
     if any(flags.FLAGS[name].present for name in ARRANGEMENT_FLAGS) or not todo:
         return arrangements.from_flags(_PARALLEL.value, _ENSEMBLE.value, _MAX_MEMBERS.value,
-                                       _THREADS.value, _XLA_FLAGS.value)
+                                       _THREADS.value, _XLA_FLAGS.value, _WORKERS.value)
     choice = arrangements.choose_here(todo)
     if choice is None:  # no table for this CPU, or not on a CPU: today's default
         return arrangements.DEFAULT
     print(f"[sweep] {choice.line()}", flush=True)
     chosen = choice.arrangement
-    flags.FLAGS.parallel, flags.FLAGS.threads_per_process = chosen.processes, chosen.threads
+    flags.FLAGS.threads_per_process = chosen.threads
+    if chosen.processes > 1:  # one run a process, or workers that each train ensembles
+        flags.FLAGS["workers" if chosen.workers else "parallel"].value = chosen.processes
     flags.FLAGS.max_members, flags.FLAGS.process_xla_flags = chosen.members, chosen.xla_flags
     return chosen
 
@@ -248,7 +256,12 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
               flush=True)
     outcomes = RecordedOutcomes(sweep_file)
     try:
-        if _PARALLEL.value == 1:
+        if _WORKERS.value > 1:
+            complete = run_in_workers(sweep_dir, todo, progress, _WORKERS.value, _THREADS.value,
+                                      _worker_settings(imports), outcomes,
+                                      before_start=_hand_over(owned or {}),
+                                      env=process_env(0, [], _XLA_FLAGS.value))
+        elif _PARALLEL.value == 1:
             with CompileLog() as compile_log:
                 complete = run_in_process(sweep_dir, todo, progress, outcomes,
                                           together=_ENSEMBLE.value, extra_hooks=extra_hooks,
@@ -267,13 +280,25 @@ def _run_sweep(sweep_dir: str, points: list[Point], todo: list[Point],
     if not complete:
         print("[sweep] preempted: rerun the same command to continue", flush=True)
         return 3
-    reported = _write_report(sweep_dir) if _REPORT.value and write_report else True
+    reported = _report(sweep_dir) if _REPORT.value and write_report else True
     missing = {name: status for name, status in final_statuses(
         sweep_dir, points, outcomes).items() if status not in FINISHED}
     if missing:
         print(f"[sweep] {len(missing)} of {len(points)} runs have no result: "
               + ", ".join(f"{name} ({status})" for name, status in missing.items()), flush=True)
     return EXIT_INCOMPLETE if missing or not (reported and sweep_file.written) else 0
+
+
+def _report(sweep_dir: str) -> bool:
+    """The report and the closing lines (`sweeping.closing`); False if there is none."""
+    return closing.write_report(sweep_dir, report.write_report, report.verdict_lines)
+
+
+def _worker_settings(imports: tuple[str, ...]) -> dict:
+    """What each `--workers` process's in-process runner takes from the sweep's flags."""
+    return {"imports": imports, "verbose": _VERBOSE.value, "together": _ENSEMBLE.value,
+            "extend": _EXTEND.value, "compile_ahead": _COMPILE_AHEAD.value,
+            "max_members": _MAX_MEMBERS.value}
 
 
 def _curves(sweep_dir: str) -> tuple[list[optimum.CurveOptimum], list[str], list[dict]]:
@@ -308,7 +333,9 @@ def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, 
             print(f"[refine] {refine_grid.fill_line(fills, rows)}", flush=True)
         this_round = fills + ([] if done >= _REFINE_ROUNDS.value else added)
         if not this_round:
-            _print_refined(proposals, added, done, len(single))
+            line = refine_grid.final_line(proposals, added, done, len(single),
+                                          _REFINE_ROUNDS.value)
+            print(f"[refine] {line}", flush=True)
             break
         refine_grid.record_round(sweep_dir, this_round)
         print(f"[refine] round {done + 1}: {len(this_round)} runs added to {REFINED_FILE} "
@@ -324,58 +351,9 @@ def _refine(sweep_dir: str, points: list[Point], code: int, imports: tuple[str, 
                           write_report=False)
     if code == 3:
         return code
-    reported = _write_report(sweep_dir) if _REPORT.value else True
+    reported = _report(sweep_dir) if _REPORT.value else True
     return code if reported else EXIT_INCOMPLETE
 
-
-def _print_refined(proposals: list[refine_grid.Proposal], added: list[dict], done: int,
-                   single: int = 0) -> None:
-    waiting = sum(bool(p.curve.waiting) for p in proposals)
-    if single and not added and not waiting:  # "every setting is interior" would be false
-        where = (f"the {len(proposals)} with an LR grid are interior and bracketed at ×√2 "
-                 f"after {done} rounds" if proposals else "no setting has an LR grid")
-        print(f"[refine] {single} setting(s) with one learning rate cannot be refined; {where}",
-              flush=True)
-        return
-    if added:
-        print(f"[refine] not added: --refine_rounds={_REFINE_ROUNDS.value} rounds are recorded; "
-              f"{sum(bool(p.lrs) for p in proposals)} settings are not yet interior and "
-              "bracketed at ×√2 (rerun with a larger --refine_rounds)", flush=True)
-    elif waiting:
-        print(f"[refine] {waiting} settings wait on runs that did not finish (rerun to "
-              "continue)", flush=True)
-    else:
-        print(f"[refine] every setting is interior and bracketed at ×√2 after {done} rounds",
-              flush=True)
-
-
-def _write_report(sweep_dir: str) -> bool:
-    """The report, or one line saying why there is none (then the sweep is incomplete: a
-    report left by an earlier invocation is not this one's)."""
-    stale = os.path.join(sweep_dir, "report")
-    stale = stale if os.path.isdir(stale) else None
-    try:
-        _print_verdicts(report.write_report(sweep_dir))
-        return True
-    except ValueError as error:  # no run wrote its config, or a run's files are damaged
-        reason = str(error)
-    except OSError as error:
-        if error.errno != errno.ENOSPC:
-            raise
-        reason = f"no space left on device ({error.filename or sweep_dir})"
-    print(f"[sweep] no report: {reason}" + (f" ({stale} is from an earlier invocation)"
-                                            if stale else ""), flush=True)
-    return False
-
-
-def _print_verdicts(out: str) -> None:
-    """The closing lines: where the report is, and each claim's computed verdict with what the
-    sweep's design cannot support (claims.md says it at the head of every verdict)."""
-    lines = [f"[sweep] {line}" for line in report.verdict_lines(out)]
-    path = os.path.join(out, "claims.md")
-    count = run_set.of(os.path.dirname(out)).count_line()  # the verdicts rest on these alone
-    print("\n".join([*lines, f"[sweep] {count}: " * bool(count) + f"report: {out}/summary.md"
-                     + (f", {path}" if lines else "")]), flush=True)
 
 def check_flags() -> None:
     """Raise ValueError naming a flag value absl's types accept and the sweep cannot use."""
@@ -384,12 +362,16 @@ def check_flags() -> None:
         raise ValueError(f"--budget_hours must be a positive number of hours, got {budget}")
     if flags.FLAGS["refine_rounds"].present and not _REFINE.value:
         raise ValueError("--refine_rounds is a limit on --refine's rounds: give --refine too")
-    threads, parallel = _THREADS.value, _PARALLEL.value
+    if _PARALLEL.value > 1 and _WORKERS.value > 1:
+        raise ValueError("--parallel (a process a run) and --workers (processes of ensembles) "
+                         "are two ways to use processes: give one")
+    threads, parallel = _THREADS.value, max(_PARALLEL.value, _WORKERS.value)
     if _XLA_FLAGS.value and parallel < 2:
-        raise ValueError("--process_xla_flags is for --parallel's processes: give --parallel=N")
+        raise ValueError("--process_xla_flags is for the sweep's processes: give --parallel=N "
+                         "or --workers=N")
     if threads and parallel < 2:
-        raise ValueError("--threads_per_process pins --parallel's processes: give --parallel=N, "
-                         "N > 1")
+        raise ValueError("--threads_per_process pins the sweep's processes: give --parallel=N "
+                         "or --workers=N, N > 1")
     if threads and len(arrangements.cpu_sets(threads, parallel)) < parallel:
         raise ValueError(f"--threads_per_process={threads} × --parallel={parallel} needs "
                          f"{threads * parallel} cores; this process has "

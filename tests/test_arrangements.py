@@ -48,10 +48,11 @@ def table(rows, overheads=()):
 
 
 # 1p: solo 40 GFLOP/s, lax.map K=8 44; 2p pinned solo 60 (the best the sweep runs); not
-# runnable and faster still: vmap K=8 (90) and 2 pinned processes of K=8 (100).
+# runnable and faster still: vmap K=8 (90), 2 pinned processes of K=8 by vmap (100) and 2
+# processes not pinned of K=8 by lax.map (110: workers are pinned).
 KNOWN = [row(1, 0, 1, "solo", 40e9), row(1, 0, 8, "map", 44e9), row(1, 0, 8, "vmap", 90e9),
-         row(2, 1, 1, "solo", 60e9), row(2, 1, 8, "map", 100e9), row(2, 0, 1, "solo", 50e9),
-         row(1, 0, 1, "torch", 500e9, side="torch")]
+         row(2, 1, 1, "solo", 60e9), row(2, 1, 8, "vmap", 100e9), row(2, 0, 1, "solo", 50e9),
+         row(2, 0, 8, "map", 110e9), row(1, 0, 1, "torch", 500e9, side="torch")]
 GROUP = arrangements.Group(FPT, (STEPS * FLOPS_PER_STEP,) * RUNS)
 
 
@@ -77,6 +78,21 @@ def test_a_faster_family_with_xla_flags_is_picked_with_them():
     assert with_ynn == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 60e9)
     # One process cannot take XLA flags: its XLA has started before the sweep chooses.
     assert not arrangements.Arrangement(1, 0, 1, "solo", arrangements.NO_YNN).runnable
+
+
+def test_pinned_workers_of_ensembles_are_picked_with_their_flags():
+    """Two pinned processes each training K = 8 ensembles (`--workers`), measured fastest, are
+    picked; their runs pay the in-process overhead, and programs of 8 (12 runs: 8 and 4, the
+    4 at the rate of the row nearest K = 4: K = 8's)."""
+    workers = row(2, 1, 8, "map", 80e9)
+    choice = arrangements.choose([GROUP], table([*KNOWN, workers], [
+        overhead("in_process", 1, 0, 0.5, members=8), overhead("process", 2, 1, 1000.0)]))
+    assert choice.arrangement == arrangements.Arrangement(2, 1, 8, "map")
+    assert choice.arrangement.workers and choice.arrangement.runnable
+    assert choice.arrangement.flags() == ["--workers=2", "--max_members=8",
+                                          "--threads_per_process=1"]
+    assert choice.seconds == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 80e9 + RUNS * 0.5)
+    assert arrangements.from_flags(1, True, 8, 1, workers=2) == choice.arrangement
 
 
 def test_run_processes_get_the_xla_flags_after_their_own(monkeypatch):
@@ -119,7 +135,8 @@ def test_ensembles_split_by_k_and_compile_once_per_size():
 
 def test_unrunnable_arrangements_are_never_picked():
     assert not arrangements.Arrangement(1, 0, 8, "vmap").runnable
-    assert not arrangements.Arrangement(2, 1, 8, "map").runnable
+    assert not arrangements.Arrangement(2, 1, 8, "vmap").runnable
+    assert not arrangements.Arrangement(2, 0, 8, "map").runnable  # workers are pinned
     assert not arrangements.Arrangement(1, 1, 8, "map").runnable  # one pinned process
     # In one process only vmap (not runnable) beats the default's lax.map.
     one_process = table([r for r in KNOWN if r["processes"] == 1])

@@ -61,21 +61,28 @@ class Arrangement:
     xla_flags: str = ""  # added to XLA_FLAGS in each of the processes (P > 1 only)
 
     @property
+    def workers(self) -> bool:
+        """P processes each training ensembles (`--workers`), not one run a process."""
+        return self.processes > 1 and self.program == "map"
+
+    @property
     def runnable(self) -> bool:
-        """Whether the sweep can run it: one process with ensembles, or one run a process."""
+        """Whether the sweep can run it: one process with ensembles, one run a process
+        (`--parallel`), or pinned processes of ensembles (`--workers`)."""
         if self.program == "vmap" or (self.xla_flags and self.processes == 1):
             return False  # the sweep's CPU ensembles are lax.map (steps.over_members)
         if self.processes == 1:
             return self.threads == 0
-        return self.members == 1  # --parallel runs one run a process
+        return self.members == 1 if self.program == "solo" else self.threads > 0
 
     def flags(self) -> list[str]:
         """The sweep's flags that give this arrangement."""
-        if self.processes > 1:
-            return [f"--parallel={self.processes}",
-                    *([f"--threads_per_process={self.threads}"] * bool(self.threads)),
-                    *([f"--process_xla_flags={self.xla_flags}"] * bool(self.xla_flags))]
-        return [f"--max_members={self.members}"]
+        if self.processes == 1:
+            return [f"--max_members={self.members}"]
+        runner = (f"--workers={self.processes}", f"--max_members={self.members}") \
+            if self.workers else (f"--parallel={self.processes}",)
+        return [*runner, *([f"--threads_per_process={self.threads}"] * bool(self.threads)),
+                *([f"--process_xla_flags={self.xla_flags}"] * bool(self.xla_flags))]
 
     def describe(self) -> str:
         threads = f"{self.threads} thread{'s' * (self.threads > 1)} each" if self.threads \
@@ -168,7 +175,11 @@ def flop_rate(entry: dict) -> float:
 def run_overhead(table: dict, arrangement: Arrangement, flops_per_token: float,
                  members: int) -> float:
     """Wall seconds a run adds outside its train steps: its runner's measured overhead
-    (nearest shape) shared by the processes that overlap it."""
+    (nearest shape) shared by the processes that overlap it. A worker's runs pay the
+    in-process overhead: measured on every core, it takes P times as long on a worker's share
+    of them, and P workers overlap (assumed, not measured)."""
+    if arrangement.processes == 1 or arrangement.workers:
+        arrangement = Arrangement(members=arrangement.members)
     runner = "process" if arrangement.processes > 1 else "in_process"
     rows = [row for row in table.get("overheads", []) if row["runner"] == runner
             and row["processes"] == arrangement.processes
@@ -201,7 +212,7 @@ def groups_of(points: Sequence[Any]) -> list[Group]:
 
 def program_sizes(runs: int, arrangement: Arrangement) -> list[int]:
     """Members of each program a group of `runs` trains as (`planner.programs_of`)."""
-    size = 1 if arrangement.processes > 1 else arrangement.members or runs
+    size = arrangement.members or runs
     return [len(p) for p in planner.programs_of(list(range(runs)), size)]
 
 
@@ -295,17 +306,19 @@ def planner_table(table: dict, arrangement: Arrangement) -> dict | None:
                 "flops_per_token": row["flops_per_token"], "tokens_per_s": row["tokens_per_s"],
                 "run_overhead_s": run_overhead(table, arrangement, row["flops_per_token"],
                                                row["members"])} for row in rows]
-    cap = 1 if arrangement.processes > 1 else arrangement.members
+    cap = arrangement.members
     return {"device_kind": f"cpu ({table['cpu_model']}, {table['cores']} cores)",
             "date": table.get("date"), "arrangement": arrangement.describe(),
             "max_members": cap, "entries": entries}
 
 
 def from_flags(parallel: int, ensemble: bool, max_members: int, threads: int,
-               xla_flags: str = "") -> Arrangement:
+               xla_flags: str = "", workers: int = 1) -> Arrangement:
     """The arrangement the sweep's own flags give."""
     if parallel > 1:
         return Arrangement(parallel, threads, 1, "solo", xla_flags)
+    if workers > 1:
+        return Arrangement(workers, threads, max_members if ensemble else 1, "map", xla_flags)
     return Arrangement(1, 0, max_members if ensemble else 1, "map")
 
 

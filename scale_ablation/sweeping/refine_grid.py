@@ -120,6 +120,23 @@ def fill_line(added: list[dict], rows: list[dict]) -> str:
             f"(seed{'s' * (len(seeds) != 1)} {', '.join(map(str, seeds))})")
 
 
+def final_line(proposals: list[Proposal], added: list[dict], done: int, single: int,
+               rounds: int) -> str:
+    """What the last round found, as one line: why refining stops (`rounds`: the limit)."""
+    waiting = sum(bool(p.curve.waiting) for p in proposals)
+    if single and not added and not waiting:  # "every setting is interior" would be false
+        where = (f"the {len(proposals)} with an LR grid are interior and bracketed at ×√2 "
+                 f"after {done} rounds" if proposals else "no setting has an LR grid")
+        return f"{single} setting(s) with one learning rate cannot be refined; {where}"
+    if added:
+        return (f"not added: --refine_rounds={rounds} rounds are recorded; "
+                f"{sum(bool(p.lrs) for p in proposals)} settings are not yet interior and "
+                "bracketed at ×√2 (rerun with a larger --refine_rounds)")
+    if waiting:
+        return f"{waiting} settings wait on runs that did not finish (rerun to continue)"
+    return f"every setting is interior and bracketed at ×√2 after {done} rounds"
+
+
 def read_rounds(sweep_dir: str) -> list[list[dict]]:
     """The rounds refined.json records ([] if none), each a list of added runs."""
     record = jsonfiles.read_json(os.path.join(sweep_dir, REFINED_FILE)) or {}
