@@ -81,18 +81,26 @@ def test_a_faster_family_with_xla_flags_is_picked_with_them():
 
 
 def test_pinned_workers_of_ensembles_are_picked_with_their_flags():
-    """Two pinned processes each training K = 8 ensembles (`--workers`), measured fastest, are
-    picked; their runs pay the in-process overhead, and programs of 8 (12 runs: 8 and 4, the
-    4 at the rate of the row nearest K = 4: K = 8's)."""
-    workers = row(2, 1, 8, "map", 80e9)
-    choice = arrangements.choose([GROUP], table([*KNOWN, workers], [
-        overhead("in_process", 1, 0, 0.5, members=8), overhead("process", 2, 1, 1000.0)]))
-    assert choice.arrangement == arrangements.Arrangement(2, 1, 8, "map")
+    """Two pinned processes each training ensembles (`--workers`), measured fastest, are picked
+    for two groups, one a worker, with a group's runs as one program (K = 0, as the default;
+    K = 8 would split each group of 12 into two programs, two compilations): each group at half
+    the rows' combined rate, its runs' in-process overhead and its compilation on one core
+    taking twice as long."""
+    workers = row(2, 1, 8, "map", 80e9, compile_s=3.0)
+    overheads = [overhead("in_process", 1, 0, 0.5, members=8), overhead("process", 2, 1, 1000.0)]
+    choice = arrangements.choose([GROUP, GROUP], table([*KNOWN, workers], overheads))
+    assert choice.arrangement == arrangements.Arrangement(2, 1, 0, "map")
     assert choice.arrangement.workers and choice.arrangement.runnable
-    assert choice.arrangement.flags() == ["--workers=2", "--max_members=8",
+    assert choice.arrangement.flags() == ["--workers=2", "--max_members=0",
                                           "--threads_per_process=1"]
-    assert choice.seconds == pytest.approx(RUNS * STEPS * FLOPS_PER_STEP / 80e9 + RUNS * 0.5)
-    assert arrangements.from_flags(1, True, 8, 1, workers=2) == choice.arrangement
+    one_group = RUNS * STEPS * FLOPS_PER_STEP / 80e9 + RUNS * 0.5 + 3.0
+    assert choice.seconds == pytest.approx(2 * one_group)  # each worker: one group, at 40e9
+    assert arrangements.from_flags(1, True, 0, 1, workers=2) == choice.arrangement
+    # One group: one worker would train it alone at half the rate; not picked.
+    alone = arrangements.choose([GROUP], table([*KNOWN, workers], overheads))
+    assert not alone.arrangement.workers
+    assert arrangements.seconds([GROUP], table([*KNOWN, workers], overheads),
+                                choice.arrangement) == pytest.approx(2 * one_group)
 
 
 def test_run_processes_get_the_xla_flags_after_their_own(monkeypatch):

@@ -75,6 +75,8 @@ def test_workers_train_every_run_as_the_default_runner_does(spec, tmp_path):
     for name, (status, loss) in found.items():
         assert status == "completed" == expected[name][0], name
         assert loss == pytest.approx(expected[name][1], rel=1e-4), name
+    assert "[sweep] 2 workers, 1 core(s) each; their progress: worker_0.log (4 runs), " \
+        "worker_1.log (4 runs)" in second.stdout
     logs = sorted(p.name for p in pinned.glob("worker_*.log"))
     assert logs == ["worker_0.log", "worker_1.log"]
     assert not list(pinned.glob(".worker_*"))  # the share files are gone

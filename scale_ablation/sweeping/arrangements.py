@@ -217,28 +217,44 @@ def program_sizes(runs: int, arrangement: Arrangement) -> list[int]:
 
 
 def seconds(groups: Sequence[Group], table: dict, arrangement: Arrangement) -> float:
-    """Predicted wall seconds of `groups` under `arrangement` (inf if the table lacks it)."""
+    """Predicted wall seconds of `groups` under `arrangement` (inf if the table lacks it).
+    Workers take whole groups (`workers.shares`' rule, by time here), each at 1/P of the row's
+    rate (measured over all P at once): the sweep ends with the slowest share, so a sweep of
+    one group gains nothing from them."""
     rows = [e for e in table.get("entries", []) if same_family(e, arrangement)]
     if not rows:
         return math.inf
-    total = 0.0
-    for group in groups:
-        sizes = program_sizes(len(group.run_flops), arrangement)
-        start = 0
-        for size in sizes:
-            row = nearest(rows, group.flops_per_token, size)
-            flops = sum(group.run_flops[start:start + size])
-            total += flops / flop_rate(row) + size * run_overhead(
-                table, arrangement, group.flops_per_token, size)
-            start += size
-        for size in set(sizes):  # one compilation per program size (jit's cache per K)
-            total += nearest(rows, group.flops_per_token, size).get("compile_s", 0.0)
+    times = [_group_seconds(group, table, arrangement, rows) for group in groups]
+    if not arrangement.workers:
+        return sum(times)
+    loads = [0.0] * arrangement.processes
+    for time in sorted(times, reverse=True):
+        loads[loads.index(min(loads))] += time * arrangement.processes
+    return max(loads)
+
+
+def _group_seconds(group: Group, table: dict, arrangement: Arrangement,
+                   rows: list[dict]) -> float:
+    """One group's seconds at the family's rows' rate: its programs' FLOPs, its runs' overhead
+    outside their steps and a compilation per program size (jit's cache per K)."""
+    sizes = program_sizes(len(group.run_flops), arrangement)
+    total, start = 0.0, 0
+    for size in sizes:
+        row = nearest(rows, group.flops_per_token, size)
+        flops = sum(group.run_flops[start:start + size])
+        total += flops / flop_rate(row) + size * run_overhead(
+            table, arrangement, group.flops_per_token, size)
+        start += size
+    for size in set(sizes):
+        total += nearest(rows, group.flops_per_token, size).get("compile_s", 0.0)
     return total
 
 
 def candidates(table: dict) -> list[Arrangement]:
     """Today's default and every arrangement in the table the sweep can run here (pinned
-    processes need cores of their own within this process's mask)."""
+    processes need cores of their own within this process's mask). Workers also with a
+    group's runs as one program (K = 0, as the default): K = 16 would split a group of 20
+    into programs of 16 and 4, each compiled."""
     found = dict.fromkeys([DEFAULT])
     for entry in table.get("entries", []):
         if entry.get("side", "jax") == "jax":
@@ -247,6 +263,8 @@ def candidates(table: dict) -> list[Arrangement]:
                 cpu_sets(arrangement.threads, arrangement.processes)) == arrangement.processes
             if arrangement.runnable and fits:
                 found[arrangement] = None
+                if arrangement.workers:
+                    found[dataclasses.replace(arrangement, members=0)] = None
     return list(found)
 
 

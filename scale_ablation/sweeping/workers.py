@@ -87,6 +87,9 @@ def run_in_workers(sweep_dir: str, todo: list[Point], progress: Progress, worker
                 running.append((subprocess.Popen(
                     [sys.executable, "-m", "scale_ablation.sweep_worker", path], stdout=log,
                     stderr=subprocess.STDOUT, env=env), log))
+        logs = ", ".join(f"worker_{i}.log ({len(part)} runs)" for i, part in enumerate(parts))
+        print(f"[sweep] {len(parts)} workers, {threads or 'all'} core(s) each; their progress: "
+              f"{logs} in {sweep_dir}", flush=True)
         progress.show(running=len(todo))
         return _wait(sweep_dir, running, todo, progress, outcomes)
     finally:
