@@ -1,5 +1,6 @@
 """What a run records of what it consumed and what reproduces it, against counts done here."""
 
+import os
 import pathlib
 import subprocess
 
@@ -50,7 +51,10 @@ def test_a_run_records_what_it_consumed(tmp_path):
     assert summary["train_flops"] == pytest.approx(per_token * tokens)
 
 
-def test_a_run_records_what_reproduces_it(tmp_path):
+def test_a_run_records_what_reproduces_it(tmp_path, monkeypatch):
+    # The XLA flags the run's process was given (its backend has started: recorded, not used).
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_enable_fast_math=false".strip()
+    monkeypatch.setenv("XLA_FLAGS", flags)
     summary = train.train(tiny_config(**{"train.steps": 2, "train.log_every": 1,
                                           "train.eval_every": 2, "train.warmup_steps": 0}), tmp_path / "run")
     environment = summary["environment"]
@@ -58,6 +62,7 @@ def test_a_run_records_what_reproduces_it(tmp_path):
     assert environment["versions"]["flax"] == flax.__version__
     assert environment["device_count"] == jax.device_count()
     assert environment["device_kind"] == jax.devices()[0].device_kind
+    assert environment["xla_flags"] == flags
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
                           text=True, check=False)
     if head.returncode == 0:

@@ -21,6 +21,9 @@ from scale_ablation.training import experiment_files as experiment
 GRID = [{"model.d_model": d, "model.head_dim": d // 2, "train.lr": lr, "train.seed": s}
         for d in (32, 64) for lr in (1e-3, 3e-3) for s in (0, 1)]
 ENV = {**os.environ, "WANDB_MODE": "disabled"}
+# Given to the workers (`--process_xla_flags`); XLA's default value, so their runs' numbers stay
+# those of the in-process runs they are compared with.
+BENIGN_XLA_FLAG = "--xla_cpu_enable_fast_math=false"
 
 
 def sweep(spec: pathlib.Path, sweep_dir: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
@@ -29,11 +32,13 @@ def sweep(spec: pathlib.Path, sweep_dir: pathlib.Path, *flags: str) -> subproces
                           capture_output=True, text=True, timeout=600)
 
 
-def finals(sweep_dir: pathlib.Path) -> dict[str, tuple[str, float]]:
+def finals(sweep_dir: pathlib.Path) -> dict[str, tuple[str, float, list[str]]]:
+    """Run name -> (status, final validation loss, the XLA flags it ran under)."""
     out = {}
     for path in sweep_dir.glob("*/summary.json"):
         summary = json.loads(path.read_text())
-        out[path.parent.name] = (summary["status"], summary["final_val_loss"])
+        out[path.parent.name] = (summary["status"], summary["final_val_loss"],
+                                 summary["environment"]["xla_flags"].split())
     return out
 
 
@@ -68,13 +73,15 @@ def test_workers_train_every_run_as_the_default_runner_does(spec, tmp_path):
     alone, pinned = tmp_path / "in_process", tmp_path / "workers"
     first = sweep(spec, alone, "--max_members=0")
     assert first.returncode == 0, first.stdout + first.stderr
-    second = sweep(spec, pinned, "--workers=2", "--threads_per_process=1", "--max_members=4")
+    second = sweep(spec, pinned, "--workers=2", "--threads_per_process=1", "--max_members=4",
+                   f"--process_xla_flags={BENIGN_XLA_FLAG}")
     assert second.returncode == 0, second.stdout + second.stderr
     expected, found = finals(alone), finals(pinned)
     assert len(found) == len(GRID) and set(found) == set(expected)
-    for name, (status, loss) in found.items():
+    for name, (status, loss, xla_flags) in found.items():
         assert status == "completed" == expected[name][0], name
         assert loss == pytest.approx(expected[name][1], rel=1e-4), name
+        assert BENIGN_XLA_FLAG in xla_flags and BENIGN_XLA_FLAG not in expected[name][2], name
     assert "[sweep] 2 workers, 1 core(s) each; their progress: worker_0.log (4 runs), " \
         "worker_1.log (4 runs)" in second.stdout
     logs = sorted(p.name for p in pinned.glob("worker_*.log"))
