@@ -123,11 +123,14 @@ def measured_optimiser(config) -> dict[str, dict[str, float]]:
     return out
 
 
-def zeroed_branch_delta(config, zero: str) -> np.ndarray:
+def zeroed_branch_delta(config, initial: tuple, zero: str) -> np.ndarray:
     """Each block's output minus its input on a fixed x, with the branch `zero` ("mlp" or
-    "attention") zeroed: the other branch as it joins the stream."""
-    graphdef, state = run_setup.init_state(config)
-    lm = nnx.merge(graphdef, state["params"], state["rest"])
+    "attention") zeroed: the other branch as it joins the stream. `initial`: the config's
+    (graphdef, state), not changed (merged from a copy: nnx.merge shares the state's
+    variables, which the zeroing writes)."""
+    graphdef, state = initial
+    copy = jax.tree.map(lambda x: x, state)
+    lm = nnx.merge(graphdef, copy["params"], copy["rest"])
     x = jax.random.normal(jax.random.key(2), (2, 8, config.model.d_model))
     deltas = []
     for block in lm.blocks:
@@ -143,12 +146,14 @@ def measured_residual(config) -> list[float]:
     """Per branch and block: its contribution to the stream over the same weights' without
     depth_alpha (the init does not depend on it: checked)."""
     off = experiment.apply_overrides(config, {"model.depth_alpha": 0.0})
-    on_params, off_params = (run_setup.init_state(c)[1]["params"] for c in (config, off))
-    for a, b in zip(jax.tree.leaves(on_params), jax.tree.leaves(off_params), strict=True):
+    on_init, off_init = run_setup.init_state(config), run_setup.init_state(off)
+    for a, b in zip(jax.tree.leaves(on_init[1]["params"]), jax.tree.leaves(off_init[1]["params"]),
+                    strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # init × 1
     ratios = []
     for zero in ("mlp", "attention"):
-        on, plain = zeroed_branch_delta(config, zero), zeroed_branch_delta(off, zero)
+        on = zeroed_branch_delta(config, on_init, zero)
+        plain = zeroed_branch_delta(off, off_init, zero)
         ratios += [float(np.sum(a * b) / np.sum(b * b)) for a, b in zip(on, plain, strict=True)]
     return ratios
 
