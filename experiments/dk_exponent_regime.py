@@ -20,11 +20,12 @@ Variants:
   0.14–0.64 and 1.6–6.7; gpt2's q, k entries grow as √d_model, so its C* should fall by ~√2),
   LRs {1e-3, 2e-3, 4e-3} (mup_transfer:cpu's SP best LR fell ×5 from width 64 to 256), 3 seeds,
   both inits, budgets 200 and 1,600 steps of 16 × 64 bytes: 864 runs, 7.3e15 train FLOPs.
-  `--plan` on the 2-core VM: 67 CPU-hours at its assumed rate (40% of a measured 77 GFLOP/s
-  matmul; the 1,600-step runs are 89% of it): this is an accelerator's study, or a week of
-  sessions. `cpu_short` is the same grid's 200-step half (432 runs, ~7.4 CPU-hours by
-  `--plan`), with the same run names: run it first into the same workdir, publish it, and the
-  `cpu` sweep there later trains only the 1,600-step runs.
+  `--plan` on the 2-core VM: 67 CPU-hours at its old assumed rate (40% of a measured 77 GFLOP/s
+  matmul; the 1,600-step runs are 89% of it), 20.5 h at the rates of the idle arrangement
+  table (benchmarks/results/arrangements_amd-epyc_2core_2026-12-06.json): several sessions.
+  `cpu_short` is the same grid's 200-step half (432 runs, ~7.4 CPU-hours at the old rate, 2.4 h
+  by the table), with the same run names: run it first into the same workdir, publish it, and
+  the `cpu` sweep there later trains only the 1,600-step runs.
 - default (one accelerator): d_model 1024, 4 layers, 8 heads of value width 128, d_k 16…256,
   C ×2 over seven values per init (fan_in 1/32…2, gpt2 1/8…8), 3 LRs ×2 around 1e-3, 3 seeds,
   budgets 250 and 2,000 steps of 64 × 512 bytes of WikiText-103: 1,260 runs. `--plan
