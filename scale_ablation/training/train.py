@@ -59,7 +59,9 @@ def train_runs(configs: Sequence[ml_collections.ConfigDict],
     with locking.locked(workdirs if jax.process_index() == 0 else []):
         prepared = [run_setup.prepare(config, workdir, extend=extend, checked=known)
                     for config, workdir, known in zip(configs, workdirs, checked, strict=True)]
-        for workdir in workdirs:
+        # The writer's alone: another process removing them races process 0's writes (a
+        # config.json's temporary gone before its rename: test_multiprocess, seen once).
+        for workdir in workdirs if jax.process_index() == 0 else []:
             jsonfiles.remove_leftover_temporaries(workdir)
         return _train_prepared(prepared, labels, extra_hooks, progress, pipelined)
 
