@@ -138,6 +138,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # --extend resumes from and `nonfinite` replays from; True keeps the newest `keep`, e.g. to
     # repair damaged metrics rows from before the final step (otherwise refused, naming the run).
     checkpoint.keep_finished = False
+    # False: a completed run keeps no checkpoint (a smoke sweep's disk), so it cannot be
+    # extended; a diverged run still keeps the step `nonfinite` replays from.
+    checkpoint.keep_final = True
 
     config.wandb = wandb = ml_collections.ConfigDict()
     wandb.mode = "auto"  # auto | online | offline | disabled

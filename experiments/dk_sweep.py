@@ -42,13 +42,14 @@ Variants:
   length_generalization, which tune them.
 - `quick` (smoke test, one seed, 120 steps): the same two arms at d_model 64, fixed width
   (4 heads × d_k 16, 1 × 64) and fixed heads (1 × 64, 1 × 256), both inits, the default's five
-  policies (1/√d_k and the article's four alternatives): 30 runs. Every one of them is a
-  `policies.scalar` policy, so each of the 6 shapes (cell × init: gpt2 adds biases) trains its
-  five runs as one ensemble and compiles once (`QUICK_POLICIES`). The first version, with
-  learned, QK-LayerNorm and log-length too and d_k up to 1024, built 32 shapes for 64 runs:
-  cold on 2 cores at load ~3-4 it took 11.7 min (67% of it compiling, 143 programs) and left
-  581 MB; this one 2.0 min (37 programs) and 69 MB (issue 56; `python -m benchmarks.quick_sweep`,
-  benchmarks/results/quick_sweep_cpu-2core_2026-12-04.json).
+  policies (1/√d_k and the article's four alternatives), each at five LRs (`QUICK_LRS`): 150
+  runs. Every one of them is a `policies.scalar` policy, so each of the 6 shapes (cell × init:
+  gpt2 adds biases) trains its 25 runs as one ensemble and compiles once (`QUICK_POLICIES`).
+  Cold on 2 cores: 4 min 50 s, 21% of it compiling, 22 MB on disk (a completed run keeps no
+  checkpoint). The first version, with learned, QK-LayerNorm and log-length too, d_k up to 1024
+  and one LR, built 32 shapes for 64 runs: 11.7 min at load ~3-4 (67% compiling, 143 programs),
+  581 MB (issue 56; `python -m benchmarks.quick_sweep`,
+  benchmarks/results/quick_sweep_cpu-2core_2026-12-06.json).
 
 The init is an axis of `quick` and the default (`model.init`): which scale is best depends on
 how q and k start (the article's pitfall 1). `fan_in` gives q and k unit-variance entries at
@@ -104,6 +105,12 @@ ACCELERATOR_LRS = {"inv_sqrt_dk": 3e-3, "none": 1e-3, "inv_dk": 1e-2, "inv_log_d
 # compiled program; learned, QK-LayerNorm and log-length have quick variants of their own
 # (learned_scale.py, lr_sensitivity.py, length_generalization.py).
 QUICK_POLICIES = ACCELERATOR_POLICIES
+# quick's LRs, one grid for every policy (so that a policy added with --add_policies gets the
+# same ones): ×√10 apart, so that each policy's best in the cpu study (scale 1 1e-3, 1/√d_k
+# 3e-3, 1/d_k 1e-2) is an interior point, and each is judged at its own best. They also give
+# each compiled program 25 runs to train instead of 5: with one LR the cold sweep spent 58% of
+# its time compiling, with three 30% (issue 56; benchmarks/README.md).
+QUICK_LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 
 def get_config(arg: str | None = None):
@@ -118,6 +125,8 @@ def get_config(arg: str | None = None):
         config.train.eval_every = 20
         config.train.diag_every = 40
         config.checkpoint.every = 60
+        # A smoke sweep: its 150 final states would take ~300 MB (2 MB a run).
+        config.checkpoint.keep_final = False
     elif arg is None:
         config.train.steps = 3000
     return config
@@ -180,8 +189,9 @@ def sweep(arg: str | None = None) -> list[dict]:
         return cpu_fixed_width_arm() + cpu_qk_width_arm()
     return [  # quick
         {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
-         "model.init": init, "train.seed": 0}
+         "model.init": init, "train.lr": lr, "train.seed": 0}
         for init in INITS for policy in QUICK_POLICIES for heads, head_dim in cells(arg)
+        for lr in QUICK_LRS
     ]
 
 
@@ -196,7 +206,6 @@ def _named(specs: tuple[str, ...]) -> str:
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
     others = tuple(p for p in OTHER_SCALES if p in (CPU_POLICIES if arg == "cpu" else POLICIES))
     large = 128 if arg == "cpu" else 256
-    at = "each_lr" if arg == "quick" else "best_lr"  # quick has one LR
     return [
         claims_lib.Claim(
             f"{_named(others)} diverged or oscillated; only 1/√d_k trained smoothly (at large "
@@ -205,6 +214,6 @@ def claims(arg: str | None = None) -> list[claims_lib.Claim]:
             source="article §1"),
         claims_lib.Claim(
             "At large d_k every other scale ends worse than 1/√d_k",
-            claims_lib.Compare("worse", policies=others, at=at, min_d_k=large),
+            claims_lib.Compare("worse", policies=others, at="best_lr", min_d_k=large),
             source="article §1"),
     ]

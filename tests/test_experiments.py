@@ -151,13 +151,17 @@ def test_quick_and_default_dk_sweeps_cover_every_policy_and_both_inits():
 
 def test_quick_dk_sweep_compiles_once_per_shape(tmp_path):
     """The smoke test's runs train as one ensemble per shape (cell × init), each compiling its
-    programs once (issue 56: 32 shapes for 64 runs spent 67% of it compiling), and its largest
-    d_k is one the claims call large."""
+    programs once (issue 56: 32 shapes for 64 runs spent 67% of it compiling), every policy at
+    each LR of one grid, and its largest d_k is one the claims call large."""
     quick = dk_sweep_points("quick")
     shapes = {(c.model.num_heads, c.model.head_dim, c.model.init) for c in quick}
     groups = ensemble.group(quick, [tmp_path / str(index) for index in range(len(quick))])
     assert len(groups) == len(shapes) == 6
-    assert sorted(len(g) for g in groups) == [len(DK_SWEEP_POLICIES)] * len(shapes)
+    lrs = {c.train.lr for c in quick}
+    assert len(lrs) >= 3
+    assert sorted(len(g) for g in groups) == [len(DK_SWEEP_POLICIES) * len(lrs)] * len(shapes)
+    assert {(c.policy, c.train.lr) for c in quick} == {
+        (p, lr) for p in DK_SWEEP_POLICIES for lr in lrs}
     assert max(c.model.head_dim for c in quick) == 256
 
 

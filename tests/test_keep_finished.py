@@ -131,3 +131,48 @@ def test_each_member_of_an_ensemble_keeps_its_own_final_checkpoint(tmp_path):
     summaries = train.train_runs(configs, workdirs)
     assert [s["status"] for s in summaries] == ["completed", "completed"]
     assert [steps_on_disk(w) for w in workdirs] == [[10], [10]]
+
+
+# --------------------------------------------------------------------------- keep_final off
+
+NONE_KEPT = {"checkpoint.keep_final": False}
+
+
+def test_a_smoke_run_keeps_no_checkpoint_and_the_same_results(pair, tmp_path):
+    """checkpoint.keep_final off (quick sweeps): the run's files and numbers are the pruned
+    run's, its checkpoints gone; a rerun returns its summary and trains nothing."""
+    workdir = tmp_path / "none"
+    assert train.train(tiny_config(**NONE_KEPT), workdir)["status"] == "completed"
+    assert not (workdir / "checkpoints").exists()
+    assert files_outside_checkpoints(workdir) == files_outside_checkpoints(pair["dropped"])
+    assert results(workdir) == results(pair["dropped"])
+    before = snapshot(workdir)
+    assert train.train(tiny_config(**NONE_KEPT), workdir)["status"] == "completed"
+    assert snapshot(workdir) == before
+
+
+def test_extending_a_run_without_a_checkpoint_is_refused_before_anything_changes(tmp_path):
+    """Trained anew on the longer schedule it would replace its history: one line, no change."""
+    workdir = tmp_path / "none"
+    assert train.train(tiny_config(**NONE_KEPT), workdir)["status"] == "completed"
+    before = snapshot(workdir)
+    with pytest.raises(run_setup.ConfigError, match="finished without a checkpoint"):
+        train.train(tiny_config(**{"train.steps": 15, **NONE_KEPT}), workdir, extend=True)
+    assert snapshot(workdir) == before
+
+
+def test_each_member_of_a_smoke_ensemble_keeps_no_checkpoint(tmp_path):
+    configs = [tiny_config(**{"train.seed": seed, **NONE_KEPT}) for seed in (0, 1)]
+    workdirs = [tmp_path / f"seed{seed}" for seed in (0, 1)]
+    summaries = train.train_runs(configs, workdirs)
+    assert [s["status"] for s in summaries] == ["completed", "completed"]
+    assert not any((w / "checkpoints").exists() for w in workdirs)
+
+
+def test_a_diverged_smoke_run_keeps_the_step_nonfinite_replays(tmp_path):
+    """keep_final off removes a completed run's checkpoints, not the one a divergence needs."""
+    diverging = {"train.lr": 1e4, "train.grad_clip": 0.0, "train.warmup_steps": 0,
+                 "train.log_every": 1, "checkpoint.every": 2}
+    summary = train.train(tiny_config(**diverging, **NONE_KEPT), tmp_path / "run")
+    assert summary["status"] == "diverged"
+    assert steps_on_disk(tmp_path / "run") == [summary["diverged_at_step"] - 1]

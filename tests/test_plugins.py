@@ -95,9 +95,10 @@ def test_add_policies_gives_the_dk_sweep_one_more_policy():
     # its constants, not by the code under test. "none" is there already and is not repeated.
     expected = [
         {"policy": policy, "model.num_heads": heads, "model.head_dim": head_dim,
-         "model.init": init, "train.seed": 0}
+         "model.init": init, "train.lr": lr, "train.seed": 0}
         for policy_list in (dk_sweep.QUICK_POLICIES, ("mine:0.75",)) for init in dk_sweep.INITS
         for policy in policy_list for heads, head_dim in dk_sweep.cells("quick")
+        for lr in dk_sweep.QUICK_LRS
     ]
     assert grid == expected
     assert [list(point) for point in grid] == [list(point) for point in expected]  # key order
@@ -264,11 +265,12 @@ def test_wandb_sweep_definition_carries_the_imports(tmp_path):
     definition = yaml.safe_load(out.read_text())
     # The d_k sweep's cells pair num_heads with d_k (its two arms), so the grid is not a product
     # and W&B enumerates a table of named points: the file's points, then the added policy at
-    # every cell and init.
+    # every cell, init and LR.
     names = definition["parameters"]["point"]["values"]
     added = [n for n in names if n.startswith("policy=w_half,")]
     assert len(names) == len(dk_sweep.sweep("quick")) + len(added)
-    assert len(added) == len(dk_sweep.cells("quick")) * len(dk_sweep.INITS)
+    assert len(added) == (len(dk_sweep.cells("quick")) * len(dk_sweep.INITS)
+                          * len(dk_sweep.QUICK_LRS))
     assert f"--imports={user_file} --workdir=" in definition["command"][3]
     # Without the import the added policy is unknown: refused here, not in every W&B run.
     result = run("launch/wandb_sweep.py", "--config=experiments/dk_sweep.py:quick",

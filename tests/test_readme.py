@@ -101,8 +101,10 @@ def test_the_readme_takes_a_new_policy_file_to_a_sweep_report(tmp_path):
     assert result.returncode == 0, result.stderr
     runs = dk_sweep.sweep("quick")
     added = [experiment.run_name({"policy": "inv_dk_pow:0.75", "model.num_heads": h,
-                                   "model.head_dim": d, "model.init": init, "train.seed": 0})
-             for init in dk_sweep.INITS for h, d in dk_sweep.cells("quick")]
+                                   "model.head_dim": d, "model.init": init, "train.lr": lr,
+                                   "train.seed": 0})
+             for init in dk_sweep.INITS for h, d in dk_sweep.cells("quick")
+             for lr in dk_sweep.QUICK_LRS]
     names = re.findall(r"^\s+pending\s+(\S+)$", result.stdout, re.MULTILINE)
     assert names[-len(added):] == added and len(names) == len(runs) + len(added)
     assert result.stdout.count(f"--imports={policy_file}") == len(names)

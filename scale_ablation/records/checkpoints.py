@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import traceback
 import warnings
@@ -180,6 +181,21 @@ class Checkpoints:
             self.keep_newest_only()
         except OSError as error:  # a leftover costs disk, not the run's result
             print(f"{label}warning: older checkpoints not removed: {error}", flush=True)
+
+    def remove_when_finished(self, status: str, checkpoint_config, label: str) -> None:
+        """A completed run of a smoke sweep (`checkpoint.keep_final` off) keeps no checkpoint,
+        so it cannot be extended (`run_setup.check_before_start` refuses); a diverged one keeps
+        the step `nonfinite` replays from. The loop calls it after summary.json: a kill before
+        it leaves a finished run with its checkpoints (disk, not results)."""
+        if (status != "completed" or checkpoint_config.get("keep_final", True)
+                or jax.process_index() != 0):
+            return
+        try:
+            shutil.rmtree(self.directory, ignore_errors=False)
+        except FileNotFoundError:
+            pass
+        except OSError as error:  # a leftover costs disk, not the run's result
+            print(f"{label}warning: checkpoints not removed: {error}", flush=True)
 
     def keep_newest_only(self) -> int | None:
         """Delete every saved step but the newest; return the newest (None: none saved).

@@ -256,6 +256,7 @@ class Member:
             **extra,
         }
         self._close(summary)
+        self.checkpoints.remove_when_finished(status, self.config.checkpoint, self.label)
 
     def fail(self, error: Exception) -> None:
         """summary.json says `failed` and why."""

@@ -284,7 +284,7 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
     """
     model = validate(config) if checked is None else checked.model
     check_workdir(workdir)
-    read_summary(workdir)
+    summary = read_summary(workdir)
     try:
         stored = _fresh(checked.stored if checked else None, workdir)
         if stored.stamp is not None:
@@ -293,6 +293,11 @@ def check_before_start(config: ml_collections.ConfigDict, workdir: str | os.Path
             if saved:
                 check_same_schedule(workdir, config, max(saved), extend=extend,
                                     old=stored.config)
+            elif extend and summary and summary.get("status") in FINISHED:
+                # Trained anew from step 0 on the longer schedule, it would replace its history.
+                raise ConfigError(f"{os.fspath(workdir)} finished without a checkpoint "
+                                  "(checkpoint.keep_final=false), so it cannot be extended: "
+                                  "train it in a new --workdir")
         Checkpoints(workdir).check_some_intact(checkpoint_steps(workdir),
                                                RunFiles(workdir).scan_metrics())
     except ValueError as error:  # a damaged config.json or no intact checkpoint

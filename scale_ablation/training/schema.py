@@ -174,6 +174,8 @@ FIELDS: tuple[Field, ...] = (
     _f("checkpoint.keep", "int", "newest checkpoints kept", low=1),
     _f("checkpoint.keep_finished", "bool", "a finished run keeps its newest checkpoint.keep "
        "checkpoints (false: only its final one)"),
+    _f("checkpoint.keep_final", "bool", "a completed run keeps its final checkpoint (false, for "
+       "smoke sweeps: none, and it cannot be extended)"),
     # wandb
     _f("wandb.mode", "str", "W&B mode", choices=WANDB_MODES),
     _f("wandb.project", "str", "W&B project", nonempty=True),
