@@ -129,6 +129,22 @@ def test_depth_alpha_arms_get_panels_of_their_own(rendered):
     assert params == {"sp", "mup α=0.5", "mup α=1"}
 
 
+def test_settings_that_do_not_fill_the_grid_sit_side_by_side(rendered):
+    """Each policy under one parametrisation only (umup_transfer's three settings): one row of
+    panels, one per setting, none hidden, rather than a parametrisation × policy grid of
+    holes whose visible panels lose the shared y scale's labels."""
+    _, found, style, _ = rendered
+    sparse = [r for r in found if (r[transfer.PARAMETRIZATION] == "sp")
+              == (r["policy"] == "inv_sqrt_dk")]
+    pairs = {(r[transfer.PARAMETRIZATION], r["policy"]) for r in sparse}
+    assert len(pairs) < len({p for p, _ in pairs}) * len({q for _, q in pairs})  # holes
+    fig = transfer_plots.figures(sparse, style)["loss_vs_lr_by_width.png"]
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == len(fig.axes) == len(pairs)
+    assert len({round(ax.get_position().y0, 3) for ax in panels}) == 1
+    assert panels[0].get_yticklabels() and any(t.get_text() for t in panels[0].get_yticklabels())
+
+
 def test_every_series_drawn(rendered):
     *_, figures = rendered
     widths = {p["model.d_model"] for p in mup_transfer.sweep("cpu")}

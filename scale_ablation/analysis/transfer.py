@@ -51,7 +51,8 @@ def optima(rows: list[dict], axis: str = WIDTH
             lrs = sorted({lr for seeds in by_seed.values() for lr in seeds})
             losses = {s: [v[lr] for lr in lrs] for s, v in by_seed.items() if set(lrs) <= set(v)}
             try:
-                out[group][width] = optimum.fit_optimum(lrs, losses, n_boot=200)
+                # optimum.N_BOOT draws and seed 0, as the best-LR table's: one interval per width.
+                out[group][width] = optimum.fit_optimum(lrs, losses)
             except ValueError:  # fewer than two LRs, or none finished
                 continue
     return out

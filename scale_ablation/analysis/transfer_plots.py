@@ -213,6 +213,15 @@ def _star(ax, best: optimum.Optimum, shade, keys: look.Keys) -> None:
               fillstyle="none", markeredgewidth=1.2, linestyle="none")
 
 
+def _layout(runs: dict, params: list[str], policies: list[str]) -> groups.Grid:
+    """Rows by parametrisation, columns by policy when every pair ran; otherwise the pairs that
+    ran, side by side (a sparse grid would leave holes and panels without their y scale)."""
+    if len(runs) == len(params) * len(policies):
+        return groups.Grid(tuple(policies), tuple(params))
+    return groups.Grid((None,), tuple(sorted(runs, key=lambda pair: (params.index(pair[0]),
+                                                                     policies.index(pair[1])))))
+
+
 def plot_loss_by_width(rows: list[dict], style: look.Style,
                        axis: str = transfer.WIDTH) -> Figure | None:
     """Small multiples by (parametrisation, policy): loss against LR, a curve per value of
@@ -227,13 +236,13 @@ def plot_loss_by_width(rows: list[dict], style: look.Style,
     params = _parametrizations(runs)
     policies = sorted(dict.fromkeys(policy for _, policy in runs), key=list(style.colours).index)
     widths = sorted({w for by_width in runs.values() for w in by_width})
-    grid = groups.Grid(tuple(policies), tuple(params))
+    grid = _layout(runs, params, policies)
     fig, axes = look.panels(grid, sharey=True)
     keys, used = _keys(style), set()
     for w in widths:
         keys.mark(f"{along} {w}", color=_shade("0.15", widths.index(w), len(widths)), linewidth=2)
     for (param, policy), by_width in runs.items():
-        i, j = grid.index(param, policy)
+        i, j = grid.index((param, policy), None) if grid.wrapped else grid.index(param, policy)
         ax, colour = axes[i][j], style.colours.get(policy, "k")
         used.add((i, j))
         for width, members in sorted(by_width.items()):
