@@ -25,7 +25,10 @@ step across widths (`scale_ablation.analysis.transfer`), and whether u-μP's hol
 Variants: `cpu` (2 cores: widths 64-256, 4 heads, 2 layers, 300 steps of 16 × 128 bytes as
 mup_transfer's cpu; μP 5 LRs 2e-3..3.2e-2 around its published optimum, u-μP 7 LRs 1/16..4
 around the optimum a pilot located at width 64 (`UMUP_LRS`); 3 settings × 3 widths × 2 seeds:
-114 runs in 6 programs, not yet run; `--plan` on the shared 2-core VM: 3.34e14 train FLOPs
+114 runs in 6 programs (150 after
+`--refine`'s round, published in experiments/results/umup_transfer_cpu, 1.54 h summed over its
+ensembles; the coordinate checks above in experiments/results/umup_coord_check_cpu); `--plan`
+on the shared 2-core VM: 3.34e14 train FLOPs
 (widths 64, 128, 256: 2.0e13, 6.8e13, 2.46e14; +1.5e12 evaluation), 1.14 device-hours at the
 planner's 40% of the 205 GFLOP/s matmul it measured (4,108 s); the pilot's 10 runs took 114 s
 against its 70 s, so ~1.9 h under the usual load), default (one accelerator: widths

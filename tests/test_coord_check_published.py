@@ -11,6 +11,9 @@ PUBLISHED = RESULTS / "mup_coord_check_cpu"
 HEAD_DIM = RESULTS / "mup_head_dim_coord_check_cpu"
 HEAD_DIM_RUNS = (HEAD_DIM, HEAD_DIM / "lr_0.01_steps_20")  # the README's two tables, in order
 HEAD_DIM_ARMS = ("sp:inv_sqrt_dk", "mup", "mup:inv_sqrt_dk")
+UMUP = RESULTS / "umup_coord_check_cpu"
+# The README table's columns, in order: (arm, the run folder that checked it).
+UMUP_ARMS = (("umup", "umup_lr_0.5"), ("umup:inv_sqrt_dk", "umup_lr_0.5"), ("mup", "mup_lr_0.01"))
 
 
 def test_the_slope_table_is_the_published_verdicts():
@@ -66,3 +69,31 @@ def test_along_the_head_dim_sp_grows_and_mup_does_not():
     longer = json.loads((HEAD_DIM_RUNS[1] / "verdicts.json").read_text())["slopes"]
     assert longer["mup"]["attn_logits"]["verdict"] == "flat"
     assert longer["mup:inv_sqrt_dk"]["attn_logits"]["verdict"] == "grows"
+
+
+def test_the_umup_table_is_the_published_verdicts():
+    """The u-μP check's README table: each column is its run's verdicts.json."""
+    cell = r" (\S+) \((\w+)\) \|"
+    rows = re.findall(r"^\| `(\w+)` \|" + cell * len(UMUP_ARMS) + "$",
+                      (UMUP / "README.md").read_text(), re.MULTILINE)
+    slopes = {arm: json.loads((UMUP / run / "verdicts.json").read_text())["slopes"][arm]
+              for arm, run in UMUP_ARMS}
+    assert rows and {name for name, *_ in rows} == set(slopes["mup"]) == set(slopes["umup"])
+    for name, *cells in rows:
+        for (arm, _), slope, verdict in zip(UMUP_ARMS, cells[::2], cells[1::2], strict=True):
+            assert float(slope) == round(slopes[arm][name]["slope"], 2) + 0.0, (arm, name)
+            assert verdict == slopes[arm][name]["verdict"], (arm, name)
+
+
+def test_umup_keeps_width_flat_but_its_own_logits():
+    """Under u-μP nothing grows with width; with mult/d_head its logits shrink, with 1/√d_k
+    they do not; μP is flat everywhere."""
+    slopes = {arm: json.loads((UMUP / run / "verdicts.json").read_text())["slopes"][arm]
+              for arm, run in UMUP_ARMS}
+    for arm in ("umup", "umup:inv_sqrt_dk"):
+        assert "grows" not in {v["verdict"] for v in slopes[arm].values()}, arm
+        assert {v["verdict"] for q, v in slopes[arm].items() if q != "attn_logits"} == {"flat"}
+    assert slopes["umup"]["attn_logits"]["verdict"] == "shrinks"
+    assert slopes["umup:inv_sqrt_dk"]["attn_logits"]["slope"] > slopes["umup"]["attn_logits"][
+        "slope"]
+    assert {v["verdict"] for v in slopes["mup"].values()} == {"flat"}
