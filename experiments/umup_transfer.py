@@ -27,8 +27,10 @@ mup_transfer's cpu; μP 5 LRs 2e-3..3.2e-2 around its published optimum, u-μP 7
 around the optimum a pilot located at width 64 (`UMUP_LRS`); 3 settings × 3 widths × 2 seeds:
 114 runs in 6 programs (150 after
 `--refine`'s round, published in experiments/results/umup_transfer_cpu, 1.54 h summed over its
-ensembles; the coordinate checks above in experiments/results/umup_coord_check_cpu); `--plan`
-on the shared 2-core VM: 3.34e14 train FLOPs
+ensembles; the coordinate checks above in experiments/results/umup_coord_check_cpu; seeds 2-4
+of the two u-μP settings, `MORE_SEEDS`, add 126 runs at the grid's LRs and, through `--refine`'s
+seed fill, 36 at the 12 LRs its round added: ~1.7 h more at the first 150's rate); `--plan`
+on the shared 2-core VM for the first 114: 3.34e14 train FLOPs
 (widths 64, 128, 256: 2.0e13, 6.8e13, 2.46e14; +1.5e12 evaluation), 1.14 device-hours at the
 planner's 40% of the 205 GFLOP/s matmul it measured (4,108 s); the pilot's 10 runs took 114 s
 against its 70 s, so ~1.9 h under the usual load), default (one accelerator: widths
@@ -43,6 +45,10 @@ from scale_ablation.analysis import transfer
 # (parametrisation, policy); μP's policy gets the base head dim (`policy_spec`).
 SETTINGS = (("mup", "mup_inv_dk"), ("umup", "inv_dk"), ("umup", "inv_sqrt_dk"))
 SEEDS = {"quick": (0,), "cpu": (0, 1), None: base.ACCELERATOR_SEEDS}
+# Seeds 2-4 of the two u-μP settings: at two seeds their intervals spanned ×2.21 and ×2.44
+# against the ×2 margin (experiments/results/umup_transfer_cpu), as mup_transfer's μP with
+# 1/√d_k did (×2.09) until five seeds decided it (×1.69).
+MORE_SEEDS = {"cpu": (2, 3, 4)}
 # (widths, heads): mup_transfer's, whose config this study takes.
 SIZES = {arg: (*mup_transfer.SIZES[arg][:2], SEEDS[arg]) for arg in SEEDS}
 # μP's grid: ×2 around the best LR mup_transfer_cpu located (8.4e-3 to 9.9e-3) at this shape.
@@ -72,8 +78,14 @@ def lrs(parametrization: str, arg: str | None) -> tuple[float, ...]:
     return tuple(float(f"{lr:.3g}") for lr in grid)
 
 
+def seeds_of(parametrization: str, arg: str | None) -> tuple[int, ...]:
+    """Every setting's seeds, and u-μP's extra ones (`MORE_SEEDS`)."""
+    _, _, seeds = SIZES[arg]
+    return seeds + (MORE_SEEDS.get(arg, ()) if parametrization == "umup" else ())
+
+
 def sweep(arg: str | None = None) -> list[dict]:
-    widths, heads, seeds = SIZES[arg]
+    widths, heads, _ = SIZES[arg]
     return [
         {"model.parametrization": parametrization, "policy": policy_spec(policy, arg),
          "model.d_model": width, "model.head_dim": width // heads, "train.lr": lr,
@@ -81,7 +93,7 @@ def sweep(arg: str | None = None) -> list[dict]:
         for parametrization, policy in SETTINGS
         for width in widths
         for lr in lrs(parametrization, arg)
-        for seed in seeds
+        for seed in seeds_of(parametrization, arg)
     ]
 
 

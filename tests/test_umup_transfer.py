@@ -18,14 +18,17 @@ from scale_ablation.training import coordinates
 def test_each_parametrisation_runs_its_own_grid_at_every_width():
     for arg in ("quick", "cpu", None):
         points = umup_transfer.sweep(arg)
-        widths, *_, seeds = umup_transfer.SIZES[arg]
+        widths, *_ = umup_transfer.SIZES[arg]
         for parametrization, policy in umup_transfer.SETTINGS:
+            seeds = umup_transfer.seeds_of(parametrization, arg)
             spec = umup_transfer.policy_spec(policy, arg)
             for width in widths:
                 lrs = sorted(p["train.lr"] for p in points if p["policy"] == spec
                              and p["model.parametrization"] == parametrization
                              and p["model.d_model"] == width)
                 assert lrs == sorted(umup_transfer.lrs(parametrization, arg) * len(seeds))
+    # Seeds 2-4 at cpu for u-μP alone: 126 runs beside the first 114.
+    assert len(umup_transfer.sweep("cpu")) == 114 + 2 * 3 * len(umup_transfer.lrs("umup", "cpu")) * 3
     # u-μP's η is absolute (a weight's step η/√fan_in on N(0, 1)): its grid lies above μP's.
     assert min(umup_transfer.lrs("umup", "cpu")) > max(umup_transfer.lrs("mup", "cpu"))
 
