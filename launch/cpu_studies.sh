@@ -54,7 +54,6 @@ declare -A COMMAND=(
   # Issue 55: the head-dim, depth and u-μP transfer studies.
   [mup_head_dim_cpu]="--config=experiments/mup_head_dim.py:cpu --refine"
   [completep_transfer_cpu]="--config=experiments/completep_transfer.py:cpu --refine"
-  # Seeds 2-4 of the two u-μP settings (MORE_SEEDS): at two seeds both were inconclusive.
   [umup_transfer_cpu]="--config=experiments/umup_transfer.py:cpu --refine"
 )
 ORDER=(mup_transfer_cpu dk_exponent_regime_cpu mup_head_dim_cpu completep_transfer_cpu umup_transfer_cpu
