@@ -9,7 +9,8 @@ scale as a second factor, 1/√d_k against 1/d_k (issue 55 item 2).
       --axis=num_layers --widths=2,4,8,16 --steps=10 --seeds=3 \
       --parametrizations=sp,mup@0.5,mup@1 --keep_policy --out=runs/completep_transfer_cpu/coord
 
-(the second is published: experiments/results/completep_coord_check_cpu.)
+(both are published: experiments/results/completep_transfer_cpu, 333 runs after two --refine
+rounds, 1 h 44 min on the idle 2-core VM; experiments/results/completep_coord_check_cpu.)
 
 The depth L grows at a fixed width; CompleteP's base depth L_base is the smallest
 (`model.base_num_layers`). The arms: SP (`model.depth_alpha` 0), and CompleteP with α = 1/2 and
