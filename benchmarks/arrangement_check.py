@@ -106,6 +106,12 @@ def differences(default: dict[str, dict], picked: dict[str, dict]) -> dict:
                                       if default[n]["status"] != picked[n]["status"])}
 
 
+def in_repo(text: str | None) -> str | None:
+    """`text` with this checkout's absolute path written relative to it: a results file is
+    read on other machines."""
+    return text and text.replace(os.path.join(str(REPO), ""), "")
+
+
 def check(args: argparse.Namespace) -> dict:
     """Both sweeps and the plan; the results."""
     os.makedirs(args.workdir, exist_ok=True)
@@ -116,7 +122,7 @@ def check(args: argparse.Namespace) -> dict:
                "uptime_before": bench_arrangements.uptime(), "slice": {
                    "variant": args.variant, "init": args.init, "qk_dims": args.qk_dims,
                    "seed": args.seed, "steps": args.steps or "the study's"},
-               "table": (arrangements.read_table() or {}).get("path")}
+               "table": in_repo((arrangements.read_table() or {}).get("path"))}
     default_wall, _ = sweep(spec, os.path.join(args.workdir, "default"), "--parallel=1",
                             "--max_members=0")
     results["uptime_between"] = bench_arrangements.uptime()
@@ -131,7 +137,7 @@ def check(args: argparse.Namespace) -> dict:
         default_wall_s=default_wall, picked_wall_s=picked_wall,
         speedup=default_wall / picked_wall, speedup_target=1.5,
         picked=picked.group(1) if picked else "today's default (no table for this CPU)",
-        plan=plan.strip().splitlines(), plan_hours=hours,
+        plan=in_repo(plan.strip()).splitlines(), plan_hours=hours,
         plan_error=(hours * 3600 / picked_wall - 1) if hours is not None else None,
         finals=differences(finals(os.path.join(args.workdir, "default")), finals(picked_dir)),
         tolerance=args.tolerance, uptime_after=bench_arrangements.uptime())
