@@ -25,17 +25,18 @@ step across widths (`scale_ablation.analysis.transfer`), and whether u-μP's hol
 Variants: `cpu` (2 cores: widths 64-256, 4 heads, 2 layers, 300 steps of 16 × 128 bytes as
 mup_transfer's cpu; μP 5 LRs 2e-3..3.2e-2 around its published optimum, u-μP 7 LRs 1/16..4
 around the optimum a pilot located at width 64 (`UMUP_LRS`); 3 settings × 3 widths × 2 seeds:
-114 runs in 6 programs (150 after
-`--refine`'s round, published in experiments/results/umup_transfer_cpu, 1.54 h summed over its
-ensembles; the coordinate checks above in experiments/results/umup_coord_check_cpu; seeds 2-4
-of the two u-μP settings, `MORE_SEEDS`, add 126 runs at the grid's LRs and, through `--refine`'s
-seed fill, 36 at the 12 LRs its round added: ~1.7 h more at the first 150's rate); `--plan`
-on the shared 2-core VM for the first 114: 3.34e14 train FLOPs
+114 runs in 6 programs; `--plan` on the shared 2-core VM for those 114: 3.34e14 train FLOPs
 (widths 64, 128, 256: 2.0e13, 6.8e13, 2.46e14; +1.5e12 evaluation), 1.14 device-hours at the
 planner's 40% of the 205 GFLOP/s matmul it measured (4,108 s); the pilot's 10 runs took 114 s
 against its 70 s, so ~1.9 h under the usual load), default (one accelerator: widths
 256-2048, 8 heads, 4 layers, 2000 steps, 3 seeds) and `quick` (tests: widths 32 and 64, 2 LRs
 per setting, 1 seed, 10 steps: 12 runs).
+
+Published: experiments/results/umup_transfer_cpu (150 runs after `--refine`'s one round, 1.54 h
+summed over its ensembles) and the coordinate checks above
+(experiments/results/umup_coord_check_cpu). Seeds 2-4 of the two u-μP settings (`MORE_SEEDS`)
+add 126 runs at the grid's LRs and, through `--refine`'s seed fill, 36 at the 12 LRs its round
+added: ~1.7 h more at the first 150's rate.
 """
 
 from experiments import base, mup_transfer

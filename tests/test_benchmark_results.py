@@ -17,6 +17,7 @@ def test_no_results_file_names_this_checkouts_absolute_path():
 
 def test_the_arrangement_check_writes_paths_in_the_repository_relative_to_it():
     absolute = os.path.join(str(arrangement_check.REPO), "runs", "slice.py:cpu")
-    assert arrangement_check.in_repo(f"plan: {absolute} (39 runs)") == "plan: runs/slice.py:cpu (39 runs)"
+    written = arrangement_check.in_repo(f"plan: {absolute} (39 runs)")
+    assert written == "plan: runs/slice.py:cpu (39 runs)"
     assert arrangement_check.in_repo("/elsewhere/x") == "/elsewhere/x"
     assert arrangement_check.in_repo(None) is None

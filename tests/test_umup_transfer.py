@@ -28,7 +28,8 @@ def test_each_parametrisation_runs_its_own_grid_at_every_width():
                              and p["model.d_model"] == width)
                 assert lrs == sorted(umup_transfer.lrs(parametrization, arg) * len(seeds))
     # Seeds 2-4 at cpu for u-μP alone: 126 runs beside the first 114.
-    assert len(umup_transfer.sweep("cpu")) == 114 + 2 * 3 * len(umup_transfer.lrs("umup", "cpu")) * 3
+    more = 2 * 3 * len(umup_transfer.lrs("umup", "cpu")) * 3  # settings × widths × LRs × seeds
+    assert len(umup_transfer.sweep("cpu")) == 114 + more
     # u-μP's η is absolute (a weight's step η/√fan_in on N(0, 1)): its grid lies above μP's.
     assert min(umup_transfer.lrs("umup", "cpu")) > max(umup_transfer.lrs("mup", "cpu"))
 
