@@ -28,6 +28,10 @@ Claims: per setting, whether its best LR transfers along the arm's axis (`transf
 with `axis`: the head dim or the q/k width; the rule's margin is one grid step, ×2, intervals
 included): μP with 1/d_k should (Yang et al. 2022), SP with 1/√d_k should not, and μP with
 1/√d_k is the article's choice asked μP's way.
+
+Published: `cpu` in experiments/results/mup_head_dim_cpu (324 runs with one `--refine` round): μP
+with 1/d_k transfers (×1.24), 1/√d_k's best LR falls with the head dim under μP (×1.55) and SP
+(×1.44), both undecided against ×2. `cpu_qk` has not been run.
 """
 
 from experiments import base
