@@ -218,11 +218,35 @@ def over_members(step: Callable, backend: str) -> Callable:
     tiny members, benchmarks/run.py `ensemble_detail`), while stepping the members in turn
     inside one program ran 1.1x faster; accelerators want the one wide vmapped program."""
     if backend == "cpu":
-        def train_step_members(states, batches, keys):  # named: compile logs count train steps
-            return jax.lax.map(lambda a: step(*a), (states, batches, keys))  # keys, or seeds
-
-        return train_step_members
+        return _members_in_turn(step)
     return jax.vmap(step)
+
+
+def _members_in_turn(step: Callable) -> Callable:
+    """(states (K, ...), batches (K, ...), keys (K,)) -> (states, metrics (K, ...)): member i
+    read from and written back into the stacked state in place. `lax.map` built its outputs
+    as new stacks, so XLA copied the whole stacked state into and out of its loop every step
+    (172 copies at dk_exponent:cpu's shape); the in-place loop copies nothing and steps 16
+    members ×1.03-1.07 faster on each of 2 pinned cores, to the same bits (2026-12-07,
+    `python -m benchmarks.members_loop`, results/members_loop_amd-epyc_2core_2026-12-07.txt)."""
+
+    def train_step_members(states, batches, keys):  # named: compile logs count train steps
+        members = jax.tree.leaves(keys)[0].shape[0]
+        one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                           (states, batches, keys))
+        metrics = jax.tree.map(lambda m: jnp.zeros((members, *m.shape), m.dtype),
+                               jax.eval_shape(lambda args: step(*args)[1], one))
+
+        def member(i, carry):
+            states, metrics = carry
+            take = functools.partial(jax.lax.dynamic_index_in_dim, index=i, keepdims=False)
+            new_state, new_metrics = step(*jax.tree.map(take, (states, batches, keys)))
+            put = lambda stack, x: jax.lax.dynamic_update_index_in_dim(stack, x, i, 0)  # noqa: E731
+            return jax.tree.map(put, states, new_state), jax.tree.map(put, metrics, new_metrics)
+
+        return jax.lax.fori_loop(0, members, member, (states, metrics))
+
+    return train_step_members
 
 
 @dataclasses.dataclass
@@ -268,8 +292,17 @@ def compiler_options() -> dict:
     """XLA options of the run's programs. On a CPU, LLVM's optimisation level 1 instead of 2:
     14% less train-step compile time on a quick sweep (mostly compilation) and the same step
     time, since the matmuls are library calls (2 cores, 2026-11-29: 10.1 s -> 8.6 s for three
-    train steps; base.py:cpu 98-100 ms -> 97-98 ms a step)."""
-    return {"xla_backend_optimization_level": 1} if jax.default_backend() == "cpu" else {}
+    train steps; base.py:cpu 98-100 ms -> 97-98 ms a step).
+
+    And copy insertion by region analysis: without it XLA copies every donated parameter and
+    Adam moment at a train step's entry (86 copies at dk_exponent:cpu's shape), because the
+    non-finite guard's select reads the old values beside the new; region analysis proves the
+    copies needless. Same numbers to the bit; a solo step ×1.15 faster, a 16-run ensemble ×1.05
+    (2 pinned processes, 2026-12-07: `python -m benchmarks.xla_flag_sets`)."""
+    if jax.default_backend() != "cpu":
+        return {}
+    return {"xla_backend_optimization_level": 1,
+            "xla_cpu_copy_insertion_use_region_analysis": True}
 
 
 def programs(graphdef: Any, settings: OptimizerSettings, z_loss: float) -> Programs:
