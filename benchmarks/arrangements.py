@@ -18,10 +18,10 @@ JAX starts: XLA sizes its thread pool by the mask; OpenMP and BLAS get cores/P t
 processes not pinned (today's `--parallel=P`); P pinned processes with YNNPACK's fusions off
 (`arrangements.NO_YNN` in their XLA_FLAGS, solo programs: what `--parallel` runs). In each,
 programs of K runs for K in `--members`:
-K = 1 the solo train step, K > 1 the sweep's ensemble program (`lax.map` over the members on a
-CPU) and the same members `vmap`ped. PyTorch: reference_gpt2's GPT-2 with nanoGPT's attention
-call (`benchmarks.vs_pytorch.torch_model`), eager, one process of `torch.set_num_threads(cores)`
-and P pinned processes of cores/P threads.
+K = 1 the solo train step, K > 1 the sweep's ensemble program (on a CPU the members in turn,
+`steps.over_members`) and the same members `vmap`ped. PyTorch: reference_gpt2's GPT-2 with
+nanoGPT's attention call (`benchmarks.vs_pytorch.torch_model`), eager, one process of
+`torch.set_num_threads(cores)` and P pinned processes of cores/P threads.
 
 Each measurement is a worker process per process of the arrangement; the workers compile and
 warm up, then start their timed windows together (`--window` seconds of train steps each; the
@@ -140,28 +140,39 @@ def _window(step, window: float) -> dict:
             return {"calls": calls, "seconds": elapsed}
 
 
-def _jax_program(config, members: int, program: str):
-    """(step(), compile seconds): the sweep's train-step program of `members` runs (solo for
-    one, `lax.map` on a CPU for more: `steps.Programs`), or `vmap`ped, on synthetic bytes."""
-    import jax
-    import jax.numpy as jnp
+def member_inputs(config, members: int) -> tuple:
+    """(graphdef, the initial states of seeds 0..members-1, a batch of synthetic bytes each):
+    what a step program of `members` runs is timed on."""
     import numpy as np
 
     from scale_ablation.training import experiment_files as experiment
-    from scale_ablation.training import run_setup, steps
-    from scale_ablation.training.optim import OptimizerSettings
+    from scale_ablation.training import run_setup
 
     states = []
     for seed in range(members):
         graphdef, state = run_setup.init_state(
             experiment.apply_overrides(config, {"train.seed": seed}))
         states.append(state)
-    programs = steps.programs(graphdef, OptimizerSettings.of(config), float(config.train.z_loss))
     shape = (config.train.batch_size, config.data.seq_len)
     rng = np.random.default_rng(0)  # the step's cost does not depend on the bytes
     rows = [{"inputs": rng.integers(0, 256, shape, np.int32),
              "targets": rng.integers(0, 256, shape, np.int32),
              "weights": np.ones(shape, np.float32)} for _ in range(members)]
+    return graphdef, states, rows
+
+
+def _jax_program(config, members: int, program: str):
+    """(step(), compile seconds): the sweep's train-step program of `members` runs (solo for
+    one, the members in turn on a CPU for more: `steps.Programs`), or `vmap`ped, on synthetic
+    bytes."""
+    import jax
+    import jax.numpy as jnp
+
+    from scale_ablation.training import steps
+    from scale_ablation.training.optim import OptimizerSettings
+
+    graphdef, states, rows = member_inputs(config, members)
+    programs = steps.programs(graphdef, OptimizerSettings.of(config), float(config.train.z_loss))
     stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)  # noqa: E731
     if members == 1:
         fn, state, batch, seeds = programs.train, states[0], rows[0], jnp.int32(0)
@@ -368,7 +379,7 @@ def families(cores: int, processes: list[int]) -> list[tuple[str, int, int, str]
 
 def measurements(side: str, processes: int, threads: int, members: list[int],
                  xla_flags: str = "") -> list[dict]:
-    """The programs an arrangement is measured with: K = 1, then each K > 1 by lax.map and
+    """The programs an arrangement is measured with: K = 1, then each K > 1 in turn ("map") and
     vmap (JAX; a not-pinned `--parallel` runs solo runs only, and pinned processes given XLA
     flags skip vmap, slower on a CPU at every shape measured); PyTorch's one model."""
     if side == "torch":
@@ -487,7 +498,7 @@ def annotate(rows: list[dict], shapes: dict, peak_gflops: float) -> None:
 
 def _rate(rows: list[dict], shape: str, processes: int, threads: int, members: int,
           xla_flags: str = "") -> float:
-    """Run-steps/s of the sweep's program (solo or lax.map) in one arrangement."""
+    """Run-steps/s of the sweep's program (solo or its members in turn) in one arrangement."""
     return next(r["run_steps_per_s"] for r in rows if r["shape"] == shape and r["side"] == "jax"
                 and (r["processes"], r["threads"], r["members"], r.get("xla_flags", ""))
                 == (processes, threads, members, xla_flags) and r["program"] in ("solo", "map"))

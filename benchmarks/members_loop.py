@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import arrangements
-from scale_ablation.training import experiment_files as experiment
-from scale_ablation.training import run_setup, steps
+from scale_ablation.training import steps
 from scale_ablation.training.optim import OptimizerSettings, make_optimizer
 
 
@@ -36,23 +35,14 @@ def lax_map_members(step):
 
 
 def setup(shape: str, members: int):
-    """(seeded step, stacked initial states of seeds 0..K-1, a batch (K, B, T), seeds)."""
+    """(seeded step, stacked initial states of seeds 0..K-1, batches (K, B, T), seeds)."""
     config = arrangements.shape_config(shape)
-    states = []
-    for seed in range(members):
-        graphdef, state = run_setup.init_state(
-            experiment.apply_overrides(config, {"train.seed": seed}))
-        states.append(state)
+    graphdef, states, rows = arrangements.member_inputs(config, members)
     settings = OptimizerSettings.of(config)
     step = steps.seeded(steps.make_train_step(graphdef, make_optimizer(settings), 0.0,
                                               settings.loss_scaling))
-    size = (members, config.train.batch_size, config.data.seq_len)
-    rng = np.random.default_rng(0)
-    batch = {"inputs": jnp.asarray(rng.integers(0, 256, size, np.int32)),
-             "targets": jnp.asarray(rng.integers(0, 256, size, np.int32)),
-             "weights": jnp.ones(size, jnp.float32)}
-    stack = jax.tree.map(lambda *xs: jnp.stack(xs), *states)  # (K, ...)
-    return step, stack, batch, jnp.arange(members, dtype=jnp.int32)
+    stack = lambda trees: jax.tree.map(lambda *xs: jnp.stack(xs), *trees)  # noqa: E731  (K, ...)
+    return step, stack(states), stack(rows), jnp.arange(members, dtype=jnp.int32)
 
 
 def compare(args) -> dict:

@@ -1,9 +1,9 @@
 r"""Tokens/s of the runner's train-step programs, and the throughput table the planner reads.
 
 `members_figures` times the program a sweep trains K runs with (`steps.Programs.train_members`:
-vmapped on an accelerator, `lax.map` on a CPU; K = 1 is the solo program) on synthetic bytes, so
-no corpus is needed: the step's cost does not depend on the bytes. `write_table` writes
-`throughput_<device kind>.json`:
+vmapped on an accelerator, the members in turn on a CPU (`steps.over_members`); K = 1 is the
+solo program) on synthetic bytes, so no corpus is needed: the step's cost does not depend on
+the bytes. `write_table` writes `throughput_<device kind>.json`:
 
   {"device_kind", "date", "peak_flops", "peak_source", "matmul_flops",
    "entries": [{"name", "members", "shape", "flops_per_token", "tokens_per_s", "mfu",

@@ -6,19 +6,17 @@ r"""XLA CPU flag sets side by side at a study's shape, in the arrangement the sw
 
 Each flag set (`FLAG_SETS`) is measured as `benchmarks.arrangements` measures a family: one
 worker per core, pinned, compiling the sweep's own train-step program (solo for K = 1, the
-`lax.map` ensemble for K > 1) with the flags in XLA_FLAGS, timed windows started together. The
-order of the flag sets is reversed every other round and a figure is the median of its rounds,
-so a drift of the machine's speed lands on every set alike.
+ensemble, its members in turn, for K > 1) with the flags in XLA_FLAGS, timed windows started
+together. The order of the flag sets is reversed every other round and a figure is the median
+of its rounds, so a drift of the machine's speed lands on every set alike.
 
 Why these sets: the whole step at dk_exponent's shape runs far slower than its parts jitted
 alone (the parts summed to 0.54-0.66 of it), and its optimised HLO shows where the rest can go:
 86 copies of every parameter and Adam moment at the step's entry (copy insertion keeping the
-donated inputs alive past the non-finite guard's select; region analysis proves them needless),
+donated inputs alive past the non-finite guard's select; region analysis proves them needless,
+and the runs' compiler options now ask for it),
 and 120 YNNPACK fusions, 85 of them reductions of a few hundred floats (gradient norms,
-LayerNorm statistics) that pay YNN's per-call set-up. Every set compiles with the runs' own
-compiler options (`steps.compiler_options`), which since 2026-12-07 include region analysis (this
-benchmark's finding): the `region_analysis` sets now repeat the default; the file of 2026-12-07
-was measured before.
+LayerNorm statistics) that pay YNN's per-call set-up.
 """
 
 from __future__ import annotations
@@ -36,14 +34,14 @@ from benchmarks import run as bench
 from scale_ablation.sweeping import arrangements
 
 YNN = "--xla_cpu_experimental_ynn_fusion_type"
-REGION = "--xla_cpu_copy_insertion_use_region_analysis=true"
+# Every set compiles with the runs' compiler options, which include copy insertion by region
+# analysis since this benchmark found it (2026-12-07: solo ×1.15, same bits); that day's file
+# measured it as two sets of its own, which the default now is.
 FLAG_SETS = {
     "default": "",
     "no_ynn": arrangements.NO_YNN,
     "ynn_without_reduce": f"{YNN}=-reduce",
     "ynn_dots_only": f"{YNN}=dot",
-    "region_analysis": REGION,
-    "region_analysis_ynn_without_reduce": f"{REGION} {YNN}=-reduce",
 }
 
 
@@ -51,18 +49,15 @@ def one_round(args, order: list[str]) -> list[dict]:
     """Every flag set (and PyTorch) at every shape, once: a row per measurement."""
     rows = []
     for shape in args.shapes:
-        for name in order:
+        sides = [("jax", name) for name in order] + [("torch", "pytorch")] * args.torch
+        for side, name in sides:
             todo = [{"kind": "step", "members": k, "program": "solo" if k == 1 else "map"}
-                    for k in args.members]
-            spec = {"side": "jax", "shape": shape, "quick": False, "window": args.window,
-                    "threads": 1, "measurements": todo, "xla_flags": FLAG_SETS[name]}
+                    for k in args.members] if side == "jax" else \
+                [{"kind": "step", "members": 1, "program": "torch"}]
+            spec = {"side": side, "shape": shape, "quick": False, "window": args.window,
+                    "threads": 1, "measurements": todo, "xla_flags": FLAG_SETS.get(name, "")}
             rows += _rows(shape, name, todo, table.measure(spec, args.processes, 1))
             print(f"  {shape} {name} ({table.uptime()})", flush=True)
-        if args.torch:
-            todo = [{"kind": "step", "members": 1, "program": "torch"}]
-            spec = {"side": "torch", "shape": shape, "quick": False, "window": args.window,
-                    "threads": 1, "measurements": todo}
-            rows += _rows(shape, "pytorch", todo, table.measure(spec, args.processes, 1))
     return rows
 
 
@@ -87,12 +82,12 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
 
 def show(rows: list[dict]) -> None:
     """Per shape and K: each flag set's rate and its ratio to the default's."""
+    default = {(r["shape"], r["members"]): r["run_steps_per_s"] for r in rows
+               if r["flag_set"] == "default"}
     for row in rows:
-        default = next(r for r in rows if r["shape"] == row["shape"]
-                       and r["flag_set"] == "default" and r["members"] == row["members"]) \
-            if row["flag_set"] != "pytorch" else None
-        ratio = f"  ×{row['run_steps_per_s'] / default['run_steps_per_s']:.3f}" if default else ""
-        print(f"{row['shape']:>12} K={row['members']:<3} {row['flag_set']:<36} "
+        ratio = "" if row["flag_set"] == "pytorch" else \
+            f"  ×{row['run_steps_per_s'] / default[row['shape'], row['members']]:.3f}"
+        print(f"{row['shape']:>12} K={row['members']:<3} {row['flag_set']:<20} "
               f"{row['run_steps_per_s']:7.2f} run-steps/s{ratio}  {row['rounds']}")
 
 

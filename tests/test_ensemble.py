@@ -304,8 +304,8 @@ def test_a_signal_during_a_groups_last_step_stops_the_sweep(tmp_path, programs):
 
 
 def test_vmapped_and_mapped_members_agree():
-    """Accelerators step the members with vmap, a CPU with lax.map: both must give each member
-    the numbers of its solo step (the CPU tests above cover lax.map end to end)."""
+    """Accelerators step the members with vmap, a CPU in turn inside one program: both must
+    give each member the numbers of its solo step (the CPU tests above cover it end to end)."""
     configs = [config_of(member) for member in list(MEMBERS.values())[:3]]
     tx = optim.make_optimizer(configs[0])
     graphdef = run_setup.init_state(configs[0], tx)[0]

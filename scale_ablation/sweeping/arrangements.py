@@ -4,7 +4,7 @@ measured on this CPU family (`python -m benchmarks.arrangements`, issue 56).
 An arrangement is P processes of T threads each, each stepping programs of K runs:
 
   - in this process, every core, K runs per program (`--max_members=K`; K = 0 is today's
-    default, a group's runs all in one program, `lax.map` over them on a CPU);
+    default, a group's runs all in one program, stepped in turn on a CPU: `steps.over_members`);
   - P processes, one run each (`--parallel=P`), each pinned to T cores of its own
     (`--threads_per_process=T`) or not pinned (T = 0), their XLA given extra flags or not
     (`--process_xla_flags`: `NO_YNN` is the one the table measures).
@@ -41,7 +41,7 @@ from scale_ablation.sweeping import planner
 
 TABLES_VARIABLE = "SCALE_ABLATION_ARRANGEMENTS"  # a folder of tables, or "off"
 MARGIN = 0.1  # another arrangement replaces the default only if predicted this much faster
-PROGRAMS = ("solo", "map", "vmap")  # a run alone; K runs by lax.map (the sweep's); by vmap
+PROGRAMS = ("solo", "map", "vmap")  # a run alone; K runs in turn (the sweep's); by vmap
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # XLA's CPU backend hands dots and their neighbours to YNNPACK fusions by default. At the
 # studies' small shapes those fusions cost more than they save: dk_exponent:cpu's train step
@@ -70,7 +70,7 @@ class Arrangement:
         """Whether the sweep can run it: one process with ensembles, one run a process
         (`--parallel`), or pinned processes of ensembles (`--workers`)."""
         if self.program == "vmap" or (self.xla_flags and self.processes == 1):
-            return False  # the sweep's CPU ensembles are lax.map (steps.over_members)
+            return False  # the sweep's CPU ensembles step in turn (steps.over_members)
         if self.processes == 1:
             return self.threads == 0
         return self.members == 1 if self.program == "solo" else self.threads > 0
@@ -95,7 +95,7 @@ class Arrangement:
                 f"{members}{xla}")
 
 
-DEFAULT = Arrangement()  # today's: this process, a group's runs as one lax.map program
+DEFAULT = Arrangement()  # today's: this process, a group's runs as one program, in turn
 
 
 def of_entry(entry: dict) -> Arrangement:

@@ -1,6 +1,6 @@
 """Runs that differ only in a scalar policy's value, the seed or the learning rate, trained as
 one program over their stacked states: `jax.vmap(train_step)` on accelerators, and on a CPU
-`jax.lax.map(train_step)` (the members in turn inside one program; see `steps.over_members`).
+the members stepped in turn, in place in the stacked state (`steps.over_members`).
 This module says which runs may train together (`group`) and how their states, batches and
 dropout keys line up on the member axis (`MemberAxis`); `scale_ablation.training.loop` steps them.
 

@@ -297,8 +297,8 @@ def compiler_options() -> dict:
     And copy insertion by region analysis: without it XLA copies every donated parameter and
     Adam moment at a train step's entry (86 copies at dk_exponent:cpu's shape), because the
     non-finite guard's select reads the old values beside the new; region analysis proves the
-    copies needless. Same numbers to the bit; a solo step ×1.15 faster, a 16-run ensemble ×1.05
-    (2 pinned processes, 2026-12-07: `python -m benchmarks.xla_flag_sets`)."""
+    copies needless. Same numbers to the bit; a solo step ×1.15 faster, a 16-run ensemble ×1.05,
+    inside the rounds' spread (2 pinned processes, 2026-12-07: `benchmarks/xla_flag_sets.py`)."""
     if jax.default_backend() != "cpu":
         return {}
     return {"xla_backend_optimization_level": 1,
