@@ -338,3 +338,17 @@ def test_where_every_lr_diverged_the_one_that_lasted_longest_is_drawn():
     chosen = plot_groups.chosen_runs([r["name"] for r in rows], rows)
     assert {key: [run for run, _ in members] for key, members in chosen.items()} == {
         ("p", "", 16): ["p,0.01,0", "p,0.01,1"]}
+
+
+def test_curves_over_training_need_a_point_between_their_ends():
+    """A study that evaluates only at init and at the end (eval_every = steps) has no curve over
+    training to show: no val_loss_curves.png, rather than one segment zoomed off its panel;
+    one evaluation in between draws it."""
+    config, points = grid("quick")
+    for steps, drawn_expected in (((0, 300), False), ((0, 150, 300), True)):
+        runs = syn.runs(config, points, steps)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(report, "_baselines", lambda config: dict(syn.BASELINES))
+            rows = [report.summarise_run(run) for run in runs]
+        figures = report_plots.build_plots(runs, rows)
+        assert ("val_loss_curves.png" in figures) is drawn_expected, steps

@@ -27,6 +27,9 @@ from scale_ablation.records import metrics_rows as rm
 
 LN2 = math.log(2)
 _MARKS_EVERY = 6  # about this many markers per curve over training: style, not data points
+# A curve over training needs a middle: with only the first and last evaluation (eval_every =
+# steps) it is one segment from init to the end, the end values being loss_vs_lr's already.
+_MIN_POINTS_OVER_TRAINING = 3
 
 
 def _val_bpb(row: dict) -> float | None:
@@ -72,13 +75,14 @@ def plot_over_training(runs: list[dict], rows: list[dict], value_of: Callable, y
                        extra: Callable | None = None) -> Figure | None:
     """One panel per d_k (rows of panels by second axis when crowded), one line per policy and
     second-axis value: the mean over seeds of `value_of(metrics row)`, with a 95% CI band;
-    `geometric`: the geometric mean. `extra(ax, d_k, keys)` draws reference lines."""
+    `geometric`: the geometric mean. `extra(ax, d_k, keys)` draws reference lines. None when
+    no curve has a point between its ends."""
     style = style or look.Style.of(rows)
     chosen = groups.chosen_runs(runs, rows)
     curves = {key: groups.over_training([run for run, _ in members], value_of, geometric)
               for key, members in chosen.items()}
     curves = {key: points for key, points in curves.items() if points}
-    if not curves:
+    if max(map(len, curves.values()), default=0) < _MIN_POINTS_OVER_TRAINING:
         return None
     grid = groups.grid(list(curves))
     names = groups.drop_repeats(chosen, grid, lambda members: tuple(id(r) for _, r in members))
