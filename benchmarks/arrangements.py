@@ -467,21 +467,20 @@ def _exit_times(processes: list[subprocess.Popen], started: float) -> list[float
     return [walls[i] for i in range(len(processes))]
 
 
-def median_rows(rounds: list[list[dict]]) -> list[dict]:
-    """Each measurement's rows over the rounds as one: the median rate, every round's kept."""
+ARRANGEMENT_KEY = ("shape", "side", "processes", "threads", "members", "program", "xla_flags")
+
+
+def median_rows(rounds: list[list[dict]], key: tuple[str, ...] = ARRANGEMENT_KEY,
+                fields: tuple[str, ...] = ("run_steps_per_s",)) -> list[dict]:
+    """Each measurement's rows over the rounds as one (rows alike in `key`): the median of
+    each of `fields`, every round's rate kept beside it."""
     by_key: dict[tuple, list[dict]] = {}
     for rows in rounds:
         for row in rows:
-            key = (row["shape"], row["side"], row["processes"], row["threads"], row["members"],
-                   row["program"], row.get("xla_flags", ""))
-            by_key.setdefault(key, []).append(row)
-    out = []
-    for rows in by_key.values():
-        merged = dict(rows[0])
-        merged["run_steps_per_s"] = statistics.median(r["run_steps_per_s"] for r in rows)
-        merged["rounds"] = [r["run_steps_per_s"] for r in rows]
-        out.append(merged)
-    return out
+            by_key.setdefault(tuple(row.get(k, "") for k in key), []).append(row)
+    return [{**rows[0], **{f: statistics.median(r[f] for r in rows) for f in fields},
+             "rounds": [r["run_steps_per_s"] for r in rows]}
+            for rows in by_key.values()]
 
 
 def annotate(rows: list[dict], shapes: dict, peak_gflops: float) -> None:

@@ -71,13 +71,8 @@ def _rows(shape: str, name: str, todo: list[dict], results: list[list[dict]]) ->
 
 def medians(rounds: list[list[dict]]) -> list[dict]:
     """Each measurement's median over the rounds (its rounds' rates kept beside it)."""
-    keyed: dict[tuple, list[dict]] = {}
-    for row in (r for rows in rounds for r in rows):
-        keyed.setdefault((row["shape"], row["flag_set"], row["members"]), []).append(row)
-    return [{**same[0], "run_steps_per_s": statistics.median(r["run_steps_per_s"] for r in same),
-             "compile_s": statistics.median(r["compile_s"] for r in same),
-             "rounds": [round(r["run_steps_per_s"], 2) for r in same]}
-            for same in keyed.values()]
+    return table.median_rows(rounds, ("shape", "flag_set", "members"),
+                             ("run_steps_per_s", "compile_s"))
 
 
 def show(rows: list[dict]) -> None:
