@@ -6,8 +6,12 @@ trained for 200 or for 1,600 steps with its own cosine schedule (not a snapshot 
   python -m scale_ablation.sweep --config=experiments/dk_exponent_regime.py:cpu \
       --workdir=runs/dk_exponent_regime_cpu --plan      # its size first: see below
   python -m scale_ablation.sweep --config=experiments/dk_exponent_regime.py:cpu \
-      --workdir=runs/dk_exponent_regime_cpu
+      --workdir=runs/dk_exponent_regime_cpu --refine --refine_rounds=1
   python -m scale_ablation.report runs/dk_exponent_regime_cpu
+
+One round of `--refine`: on the ×2 LR grid below, the 200-step runs put fan_in's best LR on the
+grid's top edge (4e-3) and gpt2's on its bottom edge (1e-3) at nearly every d_k and C, so the
+round steps each edge out by ×2 (and adds ×√2 points beside the interior bests).
 
 Claims, per init and per budget: α within −1/2 ± 1/4 and within −1 ± 1/4 over all d_k, one
 power law, 1/√d_k within 0.02 bits per byte of the best C at every d_k; and per init, α the same
@@ -24,7 +28,8 @@ Variants:
   matmul; the 1,600-step runs are 89% of it), 20.5 h at the rates of the idle arrangement
   table (benchmarks/results/arrangements_amd-epyc_2core_2026-12-06.json): several sessions.
   `cpu_short` is the same grid's 200-step half (432 runs, ~7.4 CPU-hours at the old rate, 2.4 h
-  by the table), with the same run names: run it first into the same workdir, publish it, and
+  by the table; its grid ran in 14-17 min per ensemble of 54 runs in one process with the
+  machine to itself, ~2.1 h for the 432, 2026-12-07), with the same run names: run it first into the same workdir, publish it, and
   the `cpu` sweep there later trains only the 1,600-step runs.
 - default (one accelerator): d_model 1024, 4 layers, 8 heads of value width 128, d_k 16…256,
   C ×2 over seven values per init (fan_in 1/32…2, gpt2 1/8…8), 3 LRs ×2 around 1e-3, 3 seeds,
