@@ -28,8 +28,8 @@ Variants:
   matmul; the 1,600-step runs are 89% of it), 20.5 h at the rates of the idle arrangement
   table (benchmarks/results/arrangements_amd-epyc_2core_2026-12-06.json): several sessions.
   `cpu_short` is the same grid's 200-step half (432 runs, ~7.4 CPU-hours at the old rate, 2.4 h
-  by the table; its grid ran in 14-17 min per ensemble of 54 runs in one process with the
-  machine to itself, ~2.1 h for the 432, 2026-12-07), with the same run names: run it first into the same workdir, publish it, and
+  by the table; its grid ran 16 min per ensemble of 54 runs in one process with the machine
+  to itself, by its stash commits: ~2.1 h for the 432, 2026-12-07), with the same run names: run it first into the same workdir, publish it, and
   the `cpu` sweep there later trains only the 1,600-step runs.
 - default (one accelerator): d_model 1024, 4 layers, 8 heads of value width 128, d_k 16…256,
   C ×2 over seven values per init (fan_in 1/32…2, gpt2 1/8…8), 3 LRs ×2 around 1e-3, 3 seeds,
