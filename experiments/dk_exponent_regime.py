@@ -60,6 +60,16 @@ SIZES = {
            base.lr_grid_around(1e-3, points=3), base.ACCELERATOR_SEEDS, INITS, (250, 2000)),
 }
 SIZES["cpu_short"] = (*SIZES["cpu"][:-1], (200,))
+# The 1,600-step runs' LRs, per init and C: ×2 either side of the 200-step runs' best LR (the
+# 3-seed mean of final_val_bpb at each d_k; the lower median over d_k) in
+# experiments/results/dk_exponent_regime_cpu, which tests/test_exponent_regime.py recounts from
+# its runs.parquet. Why not the shared {1e-3, 2e-3, 4e-3}: it left nearly every 200-step best on
+# an edge, and a refinement costs 8× as much at 1,600 steps.
+LONG_LR_CENTRES = {
+    "fan_in": {0.0625: 4e-3, 0.125: 4e-3, 0.25: 4e-3, 0.5: 2e-3, 1.0: 0.00141421,
+               2.0: 0.00141421},
+    "gpt2": {0.5: 0.00141421, 1.0: 0.00141421, 2.0: 1e-3, 4.0: 1e-3, 8.0: 1e-3, 16.0: 5e-4}}
+LONG_STEPS = 1600
 
 
 def get_config(arg: str | None = None):
@@ -89,11 +99,19 @@ def _budget_fields(steps: int) -> dict:
 
 
 def sweep(arg: str | None = None) -> list[dict]:
-    _, _, qk_dims, cs, lrs, seeds, inits, budgets = SIZES[arg]
+    _, _, qk_dims, cs, _, seeds, inits, budgets = SIZES[arg]
     return [{"policy": dk_exponent.policy_of(c), "model.qk_dim": qk_dim, "model.init": init,
              **_budget_fields(steps), "train.lr": lr, "train.seed": seed}
             for steps in budgets for init in inits for qk_dim in qk_dims for c in cs[init]
-            for lr in lrs for seed in seeds]
+            for lr in lrs_of(arg, init, c, steps) for seed in seeds]
+
+
+def lrs_of(arg: str | None, init: str, c: float, steps: int) -> tuple[float, ...]:
+    """The LR grid of (init, C) in runs of `steps` steps: the variant's, but centred per C at 1,600."""
+    if arg == "cpu" and steps == LONG_STEPS:
+        centre = LONG_LR_CENTRES[init][c]
+        return tuple(float(f"{lr:.6g}") for lr in (centre / 2, centre, centre * 2))
+    return SIZES[arg][4]
 
 
 def claims(arg: str | None = None) -> list[claims_lib.Claim]:
