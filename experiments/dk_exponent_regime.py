@@ -5,13 +5,18 @@ trained for 200 or for 1,600 steps with its own cosine schedule (not a snapshot 
 
   python -m scale_ablation.sweep --config=experiments/dk_exponent_regime.py:cpu \
       --workdir=runs/dk_exponent_regime_cpu --plan      # its size first: see below
+  python -m scale_ablation.sweep --config=experiments/dk_exponent_regime.py:cpu_short \
+      --workdir=runs/dk_exponent_regime_cpu --refine --refine_rounds=2   # published
   python -m scale_ablation.sweep --config=experiments/dk_exponent_regime.py:cpu \
-      --workdir=runs/dk_exponent_regime_cpu --refine --refine_rounds=1
+      --workdir=runs/dk_exponent_regime_cpu --refine --refine_rounds=3 --max_members=18
   python -m scale_ablation.report runs/dk_exponent_regime_cpu
 
-One round of `--refine`: on the ×2 LR grid below, the 200-step runs put fan_in's best LR on the
-grid's top edge (4e-3) and gpt2's on its bottom edge (1e-3) at nearly every d_k and C, so the
-round steps each edge out by ×2 (and adds ×√2 points beside the interior bests).
+Two rounds of `--refine` for the 200-step runs: on the shared ×2 LR grid {1e-3, 2e-3, 4e-3}
+they put fan_in's best LR on the top edge and gpt2's on the bottom one at nearly every d_k and C;
+round 1 stepped each edge out by ×2 and round 2 once more where gpt2's C = 16 still sat on one
+(experiments/results/dk_exponent_regime_cpu/README.md). The 1,600-step runs' LRs are centred per
+init and C on those bests (`LONG_LR_CENTRES`), and get one round (the third: rounds are counted
+over the study).
 
 Claims, per init and per budget: α within −1/2 ± 1/4 and within −1 ± 1/4 over all d_k, one
 power law, 1/√d_k within 0.02 bits per byte of the best C at every d_k; and per init, α the same
@@ -22,8 +27,10 @@ Variants:
 - `cpu`: d_model 256, 2 layers, 4 heads of value width 64, d_k = qk_dim 8…64 (4), C ×2 over
   six values per init (fan_in 1/16…2, gpt2 1/2…16: dk_exponent:cpu's c* at d_model 128 were
   0.14–0.64 and 1.6–6.7; gpt2's q, k entries grow as √d_model, so its C* should fall by ~√2),
-  LRs {1e-3, 2e-3, 4e-3} (mup_transfer:cpu's SP best LR fell ×5 from width 64 to 256), 3 seeds,
-  both inits, budgets 200 and 1,600 steps of 16 × 64 bytes: 864 runs, 7.3e15 train FLOPs.
+  LRs {1e-3, 2e-3, 4e-3} at 200 steps (mup_transfer:cpu's SP best LR fell ×5 from width 64 to
+  256) and ×2 around `LONG_LR_CENTRES` at 1,600, 3 seeds, both inits, budgets 200 and 1,600
+  steps of 16 × 64 bytes: 864 runs, 7.3e15 train FLOPs (the 1,600-step 432: 16.6 h by `--plan`
+  with the 12-07 arrangement table, 2026-12-07).
   `--plan` on the 2-core VM: 67 CPU-hours at its old assumed rate (40% of a measured 77 GFLOP/s
   matmul; the 1,600-step runs are 89% of it), 20.5 h at the rates of the idle arrangement
   table (benchmarks/results/arrangements_amd-epyc_2core_2026-12-06.json): several sessions.

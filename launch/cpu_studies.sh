@@ -49,11 +49,12 @@ declare -A COMMAND=(
   [length_generalization_cpu]="--config=experiments/length_generalization.py:cpu --refine --refine_rounds=1"
   # Issue 53 item 6: seeds 2-4 of the three claimed settings, at every LR refining added.
   [mup_transfer_cpu]="--config=experiments/mup_transfer.py:cpu --refine"
-  # Issue 53 item 4: the 200-step half first; `:cpu` then adds the 1,600-step runs. Two rounds
-  # of --refine: the ×2 LR grid left fan_in's best LRs on its top edge (4e-3) and gpt2's on its
-  # bottom one (1e-3) at nearly every d_k and C; after one round gpt2's C = 16 at d_k 8 and 16
-  # still took its LR from the new bottom edge (5e-4), which left d_k 8's c* a bound.
-  [dk_exponent_regime_cpu]="--config=experiments/dk_exponent_regime.py:cpu_short --refine --refine_rounds=2"
+  # Issue 53 item 4: the 200-step half is published (`:cpu_short`, two rounds of --refine: the
+  # shared ×2 LR grid left nearly every best on an edge); `:cpu` adds the 1,600-step runs, whose
+  # LR grids are centred per C on those bests. Round 3 is the first the long runs can use (the
+  # rounds are counted over the study). At most 18 runs an ensemble: one finishes (~45 min)
+  # within a session, where a 54-run one would take ~2 h.
+  [dk_exponent_regime_cpu]="--config=experiments/dk_exponent_regime.py:cpu --refine --refine_rounds=3 --max_members=18"
   # Issue 55: the head-dim, depth and u-μP transfer studies.
   [mup_head_dim_cpu]="--config=experiments/mup_head_dim.py:cpu --refine"
   [completep_transfer_cpu]="--config=experiments/completep_transfer.py:cpu --refine"
