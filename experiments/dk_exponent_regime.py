@@ -36,8 +36,9 @@ Variants:
   table (benchmarks/results/arrangements_amd-epyc_2core_2026-12-06.json): several sessions.
   `cpu_short` is the same grid's 200-step half (432 runs, ~7.4 CPU-hours at the old rate, 2.4 h
   by the table; its grid ran 16 min per ensemble of 54 runs in one process with the machine
-  to itself, by its stash commits: ~2.1 h for the 432, 2026-12-07), with the same run names: run it first into the same workdir, publish it, and
-  the `cpu` sweep there later trains only the 1,600-step runs.
+  to itself, by its stash commits: ~2.1 h for the 432, 2026-12-07), with the same run names:
+  run it first into the same workdir, publish it, and the `cpu` sweep there later trains only
+  the 1,600-step runs.
 - default (one accelerator): d_model 1024, 4 layers, 8 heads of value width 128, d_k 16…256,
   C ×2 over seven values per init (fan_in 1/32…2, gpt2 1/8…8), 3 LRs ×2 around 1e-3, 3 seeds,
   budgets 250 and 2,000 steps of 64 × 512 bytes of WikiText-103: 1,260 runs. `--plan
@@ -76,7 +77,7 @@ LONG_LR_CENTRES = {
     "fan_in": {0.0625: 4e-3, 0.125: 4e-3, 0.25: 4e-3, 0.5: 2e-3, 1.0: 0.00141421,
                2.0: 0.00141421},
     "gpt2": {0.5: 0.00141421, 1.0: 0.00141421, 2.0: 1e-3, 4.0: 1e-3, 8.0: 1e-3, 16.0: 5e-4}}
-LONG_STEPS = 1600
+LONG_STEPS = max(SIZES["cpu"][-1])
 
 
 def get_config(arg: str | None = None):
